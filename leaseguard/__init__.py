@@ -1,0 +1,39 @@
+"""leaseguard: one owner per key across concurrent AWS Lambda invocations.
+
+The public surface is what this module exports; see README.md for a guide and
+``docs/`` for the design, the safety model and the benchmarks.
+"""
+
+from .contract import LeaseProvider, LeaseResult, is_lease_provider, resolve_provider
+from .errors import (
+    ConfigurationError,
+    HandlerKeyError,
+    InvalidLeaseArgument,
+    LeaseBackendError,
+    LeaseguardError,
+    LeaseLostError,
+)
+from .providers import InMemoryLeaseProvider, NoopLeaseProvider, RedisLeaseProvider
+from .signals import KeyState, Signal, SignalQueue, is_signal_queue
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigurationError",
+    "HandlerKeyError",
+    "InMemoryLeaseProvider",
+    "InvalidLeaseArgument",
+    "KeyState",
+    "LeaseBackendError",
+    "LeaseLostError",
+    "LeaseProvider",
+    "LeaseResult",
+    "LeaseguardError",
+    "NoopLeaseProvider",
+    "RedisLeaseProvider",
+    "Signal",
+    "SignalQueue",
+    "is_lease_provider",
+    "is_signal_queue",
+    "resolve_provider",
+]

@@ -1,0 +1,48 @@
+"""The exceptions leaseguard raises.
+
+Every error derives from :class:`LeaseguardError`, so ``except LeaseguardError`` catches all
+of them. The three a caller meets:
+
+* :class:`InvalidLeaseArgument` -- the caller passed something no backend could accept. Raised
+  before any I/O; the backend is never touched. It is a :class:`ValueError` as well.
+* :class:`LeaseBackendError` -- the backend could not answer (connection refused, timeout,
+  throttling past the retry budget, a script error). Never reported as "not acquired": a caller
+  that cannot reach the backend does not know who owns the key.
+* :class:`LeaseLostError` -- an operation that needs ownership was made by a caller that no
+  longer owns the key (its lease expired or moved). Nothing was changed.
+"""
+
+from __future__ import annotations
+
+
+class LeaseguardError(Exception):
+    """Base class of every leaseguard exception."""
+
+
+class InvalidLeaseArgument(LeaseguardError, ValueError):
+    """An argument is outside what the contract accepts; raised before any I/O."""
+
+
+class LeaseBackendError(LeaseguardError):
+    """The lease backend failed or could not be reached; the outcome of the call is unknown
+    to the caller. The original exception is chained as ``__cause__``."""
+
+
+class LeaseLostError(LeaseguardError):
+    """The caller no longer owns the key it tried to act on as owner."""
+
+    def __init__(self, key: str, owner: str, holder: str | None = None) -> None:
+        self.key = key
+        self.owner = owner
+        self.holder = holder
+        held = f"held by {holder!r}" if holder else "not held by anyone"
+        super().__init__(f"lease on key {key!r} is no longer owned by {owner!r} ({held})")
+
+
+class HandlerKeyError(LeaseguardError):
+    """The key function of a guarded handler raised or returned something that is not a
+    non-empty string. Names the handler so the misconfigured function is obvious."""
+
+
+class ConfigurationError(LeaseguardError, ValueError):
+    """A ``LEASEGUARD_*`` environment variable or decorator option is missing or invalid."""

@@ -1,0 +1,161 @@
+"""One base for every provider: it validates, the backend modules only store.
+
+Each public method checks its arguments (raising
+:class:`~leaseguard.errors.InvalidLeaseArgument` before any I/O) and then calls the matching
+``_``-prefixed method that a backend implements. A backend therefore never sees a bad key, TTL
+or payload, and every backend accepts exactly the same inputs.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from leaseguard.contract import LeaseResult
+from leaseguard.errors import InvalidLeaseArgument
+from leaseguard.signals import KeyState, Signal, encode_signal
+from leaseguard.validation import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    check_key,
+    check_limit,
+    check_owner,
+    check_positive_int,
+    check_ttl,
+)
+
+MAX_TOKEN = 2**63 - 1
+
+
+class BaseLeaseProvider(ABC):
+    """Validation and the public surface shared by the built-in providers.
+
+    ``atomic_transfer`` is true when :meth:`transfer_lease` moves the lease with no moment
+    where the key is free; every built-in backend can do that.
+    """
+
+    atomic_transfer: ClassVar[bool] = True
+
+    def __init__(self, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+        self.max_payload_bytes = check_positive_int(
+            "max_payload_bytes", max_payload_bytes, self._payload_ceiling()
+        )
+
+    @classmethod
+    def _payload_ceiling(cls) -> int:
+        return 64 * 1024 * 1024
+
+    # -- the lease contract ---------------------------------------------------------------------
+
+    def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+        return self._acquire(check_key(key), check_owner(owner), check_ttl(ttl_ms))
+
+    def get_lease_owner(self, key: str) -> str | None:
+        return self._get_owner(check_key(key))
+
+    def release_lease(self, key: str, owner: str) -> None:
+        self._release(check_key(key), check_owner(owner))
+
+    def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        return self._renew(check_key(key), check_owner(owner), check_ttl(ttl_ms))
+
+    def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        return self._transfer(
+            check_key(key),
+            check_owner(from_owner, "from_owner"),
+            check_owner(to_owner, "to_owner"),
+            check_ttl(ttl_ms),
+        )
+
+    # -- the signal queue -----------------------------------------------------------------------
+
+    def acquire_or_enqueue(self, key: str, signal: Signal, ttl_ms: int) -> LeaseResult:
+        check_key(key)
+        record = self._check_signal(signal)
+        return self._acquire_or_enqueue(key, signal, record, check_ttl(ttl_ms))
+
+    def take_signals(self, key: str, owner: str, limit: int) -> list[Signal]:
+        return self._take(check_key(key), check_owner(owner), check_limit(limit))
+
+    def transfer_to_next(
+        self, key: str, owner: str, ttl_ms: int, *, claim: bool = True
+    ) -> Signal | None:
+        return self._transfer_to_next(
+            check_key(key), check_owner(owner), check_ttl(ttl_ms), _check_bool("claim", claim)
+        )
+
+    def claim_signal(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:
+        return self._claim(
+            check_key(key),
+            check_owner(owner),
+            check_positive_int("token", token, MAX_TOKEN),
+            check_ttl(ttl_ms),
+        )
+
+    def pending_signals(self, key: str) -> int:
+        return self._pending(check_key(key))
+
+    def adopt_orphans(
+        self, ttl_ms: int, limit: int, *, claim: bool = False
+    ) -> list[tuple[str, Signal]]:
+        return self._adopt(check_ttl(ttl_ms), check_limit(limit), _check_bool("claim", claim))
+
+    def inspect_key(self, key: str) -> KeyState:
+        return self._inspect(check_key(key))
+
+    def _check_signal(self, signal: object) -> str:
+        if not isinstance(signal, Signal):
+            raise InvalidLeaseArgument(f"signal must be a Signal, got {type(signal).__name__}")
+        check_owner(signal.id, "signal.id")
+        if isinstance(signal.enqueued_at_ms, bool) or not isinstance(signal.enqueued_at_ms, int):
+            raise InvalidLeaseArgument("signal.enqueued_at_ms must be an int")
+        if signal.enqueued_at_ms < 0:
+            raise InvalidLeaseArgument("signal.enqueued_at_ms must not be negative")
+        return encode_signal(signal, self.max_payload_bytes)
+
+    # -- what a backend implements --------------------------------------------------------------
+
+    @abstractmethod
+    def _acquire(self, key: str, owner: str, ttl_ms: int) -> LeaseResult: ...
+
+    @abstractmethod
+    def _get_owner(self, key: str) -> str | None: ...
+
+    @abstractmethod
+    def _release(self, key: str, owner: str) -> None: ...
+
+    @abstractmethod
+    def _renew(self, key: str, owner: str, ttl_ms: int) -> bool: ...
+
+    @abstractmethod
+    def _transfer(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool: ...
+
+    @abstractmethod
+    def _acquire_or_enqueue(
+        self, key: str, signal: Signal, record: str, ttl_ms: int
+    ) -> LeaseResult: ...
+
+    @abstractmethod
+    def _take(self, key: str, owner: str, limit: int) -> list[Signal]: ...
+
+    @abstractmethod
+    def _transfer_to_next(
+        self, key: str, owner: str, ttl_ms: int, claim: bool
+    ) -> Signal | None: ...
+
+    @abstractmethod
+    def _claim(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None: ...
+
+    @abstractmethod
+    def _pending(self, key: str) -> int: ...
+
+    @abstractmethod
+    def _adopt(self, ttl_ms: int, limit: int, claim: bool) -> list[tuple[str, Signal]]: ...
+
+    @abstractmethod
+    def _inspect(self, key: str) -> KeyState: ...
+
+
+def _check_bool(what: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidLeaseArgument(f"{what} must be a bool, got {type(value).__name__}")
+    return value

@@ -1,0 +1,91 @@
+-- Shared by every leaseguard script. All keys of one lease key share one hash tag, so each
+-- script runs on one Redis Cluster node and touches nothing else.
+--   KEYS[1] lease     hash {o=owner, t=token, c=claimed, p=previous owner, k/kn=take nonce/count}
+--   KEYS[2] queue     list of signal ids, oldest first
+--   KEYS[3] signals   hash id -> stored signal, for queued and in-flight signals
+--   KEYS[4] inflight  list of ids the current owner received and has not completed
+--   KEYS[5] index     zset of lease keys with work pending -> deadline (server ms)
+--   ARGV[1] the user's key (the index member)
+local lease, queue, sigs, inflight, index = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local member = ARGV[1]
+-- A released lease keeps its token this long, so an immediate re-acquire continues from it.
+local TOKEN_MEMORY_MS = 60000
+local CHUNK = 1000
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function fmt(n)
+  return string.format('%.0f', n)
+end
+
+-- One above the last token, and never below the server clock in microseconds: the clock keeps
+-- tokens rising after the lease hash expired or was lost in a restart.
+local function next_token()
+  local last = tonumber(redis.call('HGET', lease, 't') or '0')
+  local floor = now_us()
+  if last + 1 > floor then
+    return last + 1
+  end
+  return floor
+end
+
+local function grant(owner, ttl, claimed, previous)
+  local token = next_token()
+  redis.call('DEL', lease)
+  redis.call('HSET', lease, 'o', owner, 't', fmt(token), 'c', claimed, 'p', previous)
+  redis.call('PEXPIRE', lease, ttl)
+  return token
+end
+
+local function free(owner)
+  redis.call('HDEL', lease, 'o', 'c', 'k', 'kn')
+  redis.call('HSET', lease, 'p', owner)
+  redis.call('PEXPIRE', lease, TOKEN_MEMORY_MS)
+end
+
+local function each_chunk(ids, fn)
+  for i = 1, #ids, CHUNK do
+    fn(unpack(ids, i, math.min(i + CHUNK - 1, #ids)))
+  end
+end
+
+-- The owner finished: the signals it received are done.
+local function complete()
+  local ids = redis.call('LRANGE', inflight, 0, -1)
+  if #ids > 0 then
+    each_chunk(ids, function(...) redis.call('HDEL', sigs, ...) end)
+    redis.call('DEL', inflight)
+  end
+end
+
+-- The owner died: what it received goes back to the head of the queue, in order.
+local function requeue_inflight()
+  local ids = redis.call('LRANGE', inflight, 0, -1)
+  for i = #ids, 1, -1 do
+    redis.call('LPUSH', queue, ids[i])
+  end
+  redis.call('DEL', inflight)
+end
+
+local function sync_index()
+  if redis.call('LLEN', queue) > 0 or redis.call('LLEN', inflight) > 0 then
+    local deadline = math.floor(now_us() / 1000)
+    if redis.call('HEXISTS', lease, 'o') == 1 then
+      deadline = deadline + math.max(redis.call('PTTL', lease), 0)
+    end
+    redis.call('ZADD', index, fmt(deadline), member)
+  else
+    redis.call('ZREM', index, member)
+  end
+end
+
+local function grant_head(ttl, claimed, previous)
+  local head = redis.call('LPOP', queue)
+  local token = grant(head, ttl, claimed, previous)
+  redis.call('RPUSH', inflight, head)
+  sync_index()
+  return {head, fmt(token), redis.call('HGET', sigs, head)}
+end

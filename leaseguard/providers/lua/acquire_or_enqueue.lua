@@ -1,0 +1,29 @@
+-- ARGV: member, signal_id, stored_signal, ttl_ms
+--   -> {1, owner, token}                      acquired
+--   -> {1, head, token, stored_head}          acquired an orphaned key: run head first
+--   -> {0, holder, token, position}           queued (position 0: already in flight)
+local id, stored, ttl = ARGV[2], ARGV[3], ARGV[4]
+local cur = redis.call('HMGET', lease, 'o', 't')
+if cur[1] == id then
+  redis.call('PEXPIRE', lease, ttl)
+  return {1, id, cur[2]}
+end
+if cur[1] then
+  if redis.call('HSETNX', sigs, id, stored) == 1 then
+    local length = redis.call('RPUSH', queue, id)
+    sync_index()
+    return {0, cur[1], cur[2], length}
+  end
+  local pos = redis.call('LPOS', queue, id)
+  return {0, cur[1], cur[2], pos and (pos + 1) or 0}
+end
+if redis.call('LLEN', queue) == 0 and redis.call('LLEN', inflight) == 0 then
+  return {1, id, fmt(grant(id, ttl, '1', ''))}
+end
+-- The previous owner died with work pending: that work goes first, this signal behind it.
+requeue_inflight()
+if redis.call('HSETNX', sigs, id, stored) == 1 then
+  redis.call('RPUSH', queue, id)
+end
+local head = grant_head(ttl, '1', '')
+return {1, head[1], head[2], head[3]}

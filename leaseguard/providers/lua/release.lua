@@ -1,0 +1,9 @@
+-- ARGV: member, owner  ->  1 if released, 0 if the caller did not hold the lease
+local owner = ARGV[2]
+if redis.call('HGET', lease, 'o') ~= owner then
+  return 0
+end
+complete()
+free(owner)
+sync_index()
+return 1

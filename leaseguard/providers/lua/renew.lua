@@ -1,0 +1,6 @@
+-- ARGV: member, owner, ttl_ms  ->  1 if renewed, 0 if the caller does not hold the lease
+if redis.call('HGET', lease, 'o') ~= ARGV[2] then
+  return 0
+end
+redis.call('PEXPIRE', lease, ARGV[3])
+return 1

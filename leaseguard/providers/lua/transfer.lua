@@ -1,0 +1,13 @@
+-- ARGV: member, from_owner, to_owner, ttl_ms  ->  {1, token} | {0}
+local from, to, ttl = ARGV[2], ARGV[3], ARGV[4]
+local cur = redis.call('HMGET', lease, 'o', 'p', 't')
+if cur[1] == to and cur[2] == from then
+  return {1, cur[3]} -- a retry of a transfer that was applied
+end
+if cur[1] ~= from then
+  return {0}
+end
+complete()
+local token = grant(to, ttl, '1', from)
+sync_index()
+return {1, fmt(token)}

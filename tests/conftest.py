@@ -1,0 +1,108 @@
+"""Shared fixtures: real servers started once per session, and providers per backend.
+
+``REDIS_URL`` points the standalone tests at an existing server instead of starting one.
+Every provider a test gets uses a fresh key prefix (or table), so tests never see each
+other's keys.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from leaseguard.providers.base import BaseLeaseProvider
+from leaseguard.providers.memory import InMemoryLeaseProvider
+from leaseguard.providers.redis import RedisLeaseProvider
+from leaseguard.testing import RedisClusterServers, RedisServer
+
+ProviderFactory = Callable[[str], Callable[..., BaseLeaseProvider]]
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    explicit = os.environ.get("REDIS_URL")
+    if explicit:
+        yield explicit
+        return
+    with RedisServer() as server:
+        yield server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    with RedisClusterServers(3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(redis_cluster: RedisClusterServers) -> str:
+    return redis_cluster.url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def _unique_prefix() -> str:
+    return f"t{uuid.uuid4().hex[:12]}:"
+
+
+@pytest.fixture
+def make_provider(request: pytest.FixtureRequest) -> Iterator[ProviderFactory]:
+    """``make_provider(backend)`` -> a factory of providers that share one fresh namespace on
+    that backend (call it twice to get two clients of the same keys)."""
+    made: list[Callable[[], None]] = []
+
+    def factory(backend: str) -> Callable[..., BaseLeaseProvider]:
+        if backend == "memory":
+            instances: list[InMemoryLeaseProvider] = []
+
+            def memory_provider(**options: object) -> BaseLeaseProvider:
+                if not instances:  # one process: "another client" is the same object
+                    instances.append(InMemoryLeaseProvider(**options))  # type: ignore[arg-type]
+                return instances[0]
+
+            return memory_provider
+        if backend == "redis":
+            url = request.getfixturevalue("redis_url")
+            prefix = _unique_prefix()
+
+            def redis_provider(**options: object) -> BaseLeaseProvider:
+                client = redis.Redis.from_url(url)
+                made.append(client.close)
+                return RedisLeaseProvider(client, prefix=prefix, **options)  # type: ignore[arg-type]
+
+            return redis_provider
+        if backend == "redis-cluster":
+            url = request.getfixturevalue("redis_cluster_url")
+            prefix = _unique_prefix()
+
+            def cluster_provider(**options: object) -> BaseLeaseProvider:
+                client = RedisCluster.from_url(url)
+                made.append(client.close)
+                return RedisLeaseProvider(client, prefix=prefix, **options)  # type: ignore[arg-type]
+
+            return cluster_provider
+        raise ValueError(f"unknown backend {backend!r}")
+
+    yield factory
+    for close in made:
+        close()
+
+
+@pytest.fixture(params=["memory", "redis", "redis-cluster"])
+def lease_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def provider(make_provider: ProviderFactory, lease_backend: str) -> BaseLeaseProvider:
+    return make_provider(lease_backend)()

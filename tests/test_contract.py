@@ -1,0 +1,319 @@
+"""The lease contract, run unchanged against every backend (``lease_backend`` fixture).
+
+Expiry cases wait past a short TTL; nothing here asserts how fast anything is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from leaseguard import (
+    InvalidLeaseArgument,
+    LeaseResult,
+    NoopLeaseProvider,
+    is_lease_provider,
+    resolve_provider,
+)
+from leaseguard.providers.base import BaseLeaseProvider
+
+KEY = "thread:{42}\n ü"
+TTL = 5_000
+SHORT = 150  # ms; tests that need expiry sleep past it
+
+
+def expire() -> None:
+    time.sleep(SHORT / 1000 + 0.15)
+
+
+def state(provider: BaseLeaseProvider, key: str = KEY) -> tuple[Any, ...]:
+    s = provider.inspect_key(key)
+    return (s.owner, s.token, s.queued, s.in_flight)
+
+
+def test_fresh_acquire(provider: BaseLeaseProvider) -> None:
+    result = provider.acquire_lease(KEY, "a", TTL)
+    assert result.acquired and result.owner == "a"
+    assert isinstance(result.token, int) and result.token > 0
+    assert provider.get_lease_owner(KEY) == "a"
+
+
+def test_same_owner_reacquire_refreshes_ttl_and_keeps_token(provider: BaseLeaseProvider) -> None:
+    first = provider.acquire_lease(KEY, "a", 400)
+    time.sleep(0.25)
+    again = provider.acquire_lease(KEY, "a", 400)
+    assert again == LeaseResult(True, "a", first.token)
+    time.sleep(0.25)  # past the first TTL, inside the refreshed one
+    assert provider.get_lease_owner(KEY) == "a"
+
+
+def test_other_owner_is_refused_and_told_the_holder(provider: BaseLeaseProvider) -> None:
+    held = provider.acquire_lease(KEY, "a", TTL)
+    refused = provider.acquire_lease(KEY, "b", TTL)
+    assert refused == LeaseResult(False, "a", held.token)
+    assert provider.get_lease_owner(KEY) == "a"
+
+
+def test_expiry_frees_the_key(provider: BaseLeaseProvider) -> None:
+    first = provider.acquire_lease(KEY, "a", SHORT)
+    expire()
+    assert provider.get_lease_owner(KEY) is None
+    taken = provider.acquire_lease(KEY, "b", TTL)
+    assert taken.acquired and taken.owner == "b"
+    assert taken.token is not None and first.token is not None and taken.token > first.token
+
+
+def test_release_by_non_owner_does_nothing(provider: BaseLeaseProvider) -> None:
+    provider.acquire_lease(KEY, "a", TTL)
+    before = state(provider)
+    provider.release_lease(KEY, "b")
+    assert state(provider) == before
+    assert provider.get_lease_owner(KEY) == "a"
+
+
+def test_release_by_owner_frees(provider: BaseLeaseProvider) -> None:
+    first = provider.acquire_lease(KEY, "a", TTL)
+    provider.release_lease(KEY, "a")
+    assert provider.get_lease_owner(KEY) is None
+    second = provider.acquire_lease(KEY, "b", TTL)
+    assert second.acquired
+    assert second.token is not None and first.token is not None and second.token > first.token
+
+
+def test_release_of_free_key_is_harmless(provider: BaseLeaseProvider) -> None:
+    provider.release_lease(KEY, "a")
+    assert provider.get_lease_owner(KEY) is None
+
+
+def test_renew_extends(provider: BaseLeaseProvider) -> None:
+    held = provider.acquire_lease(KEY, "a", 400)
+    time.sleep(0.25)
+    assert provider.renew_lease(KEY, "a", 400) is True
+    time.sleep(0.25)
+    assert provider.get_lease_owner(KEY) == "a"
+    assert provider.inspect_key(KEY).token == held.token
+
+
+def test_renew_by_non_owner_is_refused(provider: BaseLeaseProvider) -> None:
+    provider.acquire_lease(KEY, "a", TTL)
+    assert provider.renew_lease(KEY, "b", TTL) is False
+    assert provider.get_lease_owner(KEY) == "a"
+
+
+def test_renew_after_expiry_fails_and_does_not_resurrect(provider: BaseLeaseProvider) -> None:
+    provider.acquire_lease(KEY, "a", SHORT)
+    expire()
+    assert provider.renew_lease(KEY, "a", TTL) is False
+    assert provider.get_lease_owner(KEY) is None
+
+
+def test_transfer_by_non_holder_returns_false(provider: BaseLeaseProvider) -> None:
+    provider.acquire_lease(KEY, "a", TTL)
+    before = state(provider)
+    assert provider.transfer_lease(KEY, "b", "c", TTL) is False
+    assert state(provider) == before
+
+
+def test_transfer_of_free_key_returns_false(provider: BaseLeaseProvider) -> None:
+    assert provider.transfer_lease(KEY, "a", "b", TTL) is False
+    assert provider.get_lease_owner(KEY) is None
+
+
+def test_transfer_moves_owner_refreshes_ttl_and_raises_token(provider: BaseLeaseProvider) -> None:
+    first = provider.acquire_lease(KEY, "a", 400)
+    time.sleep(0.25)
+    assert provider.transfer_lease(KEY, "a", "b", 400) is True
+    assert provider.get_lease_owner(KEY) == "b"
+    after = provider.inspect_key(KEY)
+    assert after.token is not None and first.token is not None and after.token > first.token
+    time.sleep(0.25)  # past a's original deadline
+    assert provider.get_lease_owner(KEY) == "b"
+    assert provider.acquire_lease(KEY, "a", TTL).acquired is False
+
+
+def test_atomic_transfer_is_declared(provider: BaseLeaseProvider) -> None:
+    assert type(provider).atomic_transfer is True
+
+
+def test_tokens_strictly_increase_over_1000_grants(provider: BaseLeaseProvider) -> None:
+    rng = random.Random(7)
+    key = f"tokens-{uuid.uuid4().hex}"
+    tokens: list[int] = []
+    owner = "o0"
+    first = provider.acquire_lease(key, owner, TTL)
+    assert first.token is not None
+    tokens.append(first.token)
+    for i in range(1, 1000):
+        new = f"o{i}"
+        roll = rng.random()
+        if roll < 0.45:
+            assert provider.transfer_lease(key, owner, new, TTL)
+        elif roll < 0.9:
+            provider.release_lease(key, owner)
+            assert provider.acquire_lease(key, new, TTL).acquired
+        else:
+            provider.renew_lease(key, owner, 1)  # shrink the lease and let it expire
+            time.sleep(0.005)
+            assert provider.acquire_lease(key, new, TTL).acquired
+        owner = new
+        token = provider.inspect_key(key).token
+        assert token is not None
+        tokens.append(token)
+    assert all(b > a for a, b in itertools.pairwise(tokens)), "token went backwards"
+    assert len(set(tokens)) == 1000
+
+
+# -- structural detection and the no-op fallback -----------------------------------------------
+
+
+class _FiveMethods:
+    def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+        return LeaseResult(True, owner, 1)
+
+    def get_lease_owner(self, key: str) -> str | None:
+        return None
+
+    def release_lease(self, key: str, owner: str) -> None:
+        return None
+
+    def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        return True
+
+    def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        return True
+
+
+class _FourMethods:
+    def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+        return LeaseResult(True, owner, 1)
+
+    def get_lease_owner(self, key: str) -> str | None:
+        return None
+
+    def release_lease(self, key: str, owner: str) -> None:
+        return None
+
+    def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        return True
+
+
+class _NotCallable(_FourMethods):
+    transfer_lease = "not a method"
+
+
+def test_is_lease_provider_is_structural(provider: BaseLeaseProvider) -> None:
+    assert is_lease_provider(provider)
+    assert is_lease_provider(_FiveMethods())
+    assert not is_lease_provider(_FourMethods())
+    assert not is_lease_provider(_NotCallable())
+    assert not is_lease_provider(None)
+
+
+def test_resolve_provider_falls_back_to_noop(provider: BaseLeaseProvider) -> None:
+    assert resolve_provider(provider) is provider
+    five = _FiveMethods()
+    assert resolve_provider(five) is five
+    for not_one in (None, _FourMethods(), object(), "redis://"):
+        assert isinstance(resolve_provider(not_one), NoopLeaseProvider)
+
+
+def test_noop_semantics() -> None:
+    noop = NoopLeaseProvider()
+    assert noop.acquire_lease(KEY, "a", TTL) == LeaseResult(True, "a", 0)
+    assert noop.acquire_lease(KEY, "b", TTL) == LeaseResult(True, "b", 0)  # everyone wins
+    assert noop.get_lease_owner(KEY) is None
+    assert noop.release_lease(KEY, "zzz") is None
+    assert noop.renew_lease(KEY, "zzz", TTL) is True
+    assert noop.transfer_lease(KEY, "x", "y", TTL) is True
+    assert noop.transfer_to_next(KEY, "a", TTL) is None
+    assert noop.take_signals(KEY, "a", 10) == []
+    with pytest.raises(InvalidLeaseArgument):
+        noop.acquire_lease("", "a", TTL)  # still validates
+
+
+# -- invalid arguments: a typed error, before any I/O ---------------------------------------------
+
+BAD_KEYS: list[Any] = ["", None, 42, b"bytes", "k" * 1025, "é" * 513, "\ud800"]
+BAD_OWNERS: list[Any] = ["", None, 7, "o" * 1025]
+BAD_TTLS: list[Any] = [
+    0,
+    -1,
+    True,
+    False,
+    1.5,
+    1000.0,
+    math.nan,
+    math.inf,
+    None,
+    "1000",
+    86_400_001,
+]
+
+
+def _calls(key: Any = KEY, owner: Any = "b", ttl: Any = TTL) -> list[Any]:
+    return [
+        lambda p: p.acquire_lease(key, owner, ttl),
+        lambda p: p.renew_lease(key, owner, ttl),
+        lambda p: p.transfer_lease(key, owner, "c", ttl),
+        lambda p: p.transfer_lease(key, "a", owner, ttl),
+    ]
+
+
+@pytest.mark.parametrize("bad", BAD_KEYS, ids=repr)
+def test_bad_key_is_refused_before_io(provider: BaseLeaseProvider, bad: Any) -> None:
+    provider.acquire_lease(KEY, "a", TTL)
+    before = state(provider)
+    for call in [*_calls(key=bad), lambda p: p.release_lease(bad, "a")]:
+        with pytest.raises(InvalidLeaseArgument):
+            call(provider)
+    with pytest.raises(InvalidLeaseArgument):
+        provider.get_lease_owner(bad)
+    assert state(provider) == before
+
+
+@pytest.mark.parametrize("bad", BAD_OWNERS, ids=repr)
+def test_bad_owner_is_refused_before_io(provider: BaseLeaseProvider, bad: Any) -> None:
+    provider.acquire_lease(KEY, "a", TTL)
+    before = state(provider)
+    for call in [*_calls(owner=bad), lambda p: p.release_lease(KEY, bad)]:
+        with pytest.raises(InvalidLeaseArgument):
+            call(provider)
+    assert state(provider) == before
+
+
+@pytest.mark.parametrize("bad", BAD_TTLS, ids=repr)
+def test_bad_ttl_is_refused_before_io(provider: BaseLeaseProvider, bad: Any) -> None:
+    provider.acquire_lease(KEY, "a", TTL)
+    before = state(provider)
+    for call in _calls(owner="a", ttl=bad):
+        with pytest.raises(InvalidLeaseArgument):
+            call(provider)
+    assert state(provider) == before
+
+
+def test_invalid_argument_is_a_value_error() -> None:
+    assert issubclass(InvalidLeaseArgument, ValueError)
+
+
+def test_key_limits_are_inclusive(provider: BaseLeaseProvider) -> None:
+    longest = "k" * 1024
+    assert provider.acquire_lease(longest, "o" * 1024, 86_400_000).acquired
+    assert provider.get_lease_owner(longest) == "o" * 1024
+
+
+@pytest.mark.parametrize(
+    "key", ["{", "}", "{}", "a}b{c", "%7B", "%", "with space", "new\nline", "日本語", "a\x00b", ":"]
+)
+def test_awkward_keys_are_distinct_and_usable(provider: BaseLeaseProvider, key: str) -> None:
+    neighbours = {"{": "%7B", "%7B": "{", "}": "%7D", "%": "%25"}
+    assert provider.acquire_lease(key, "a", TTL).acquired
+    assert provider.get_lease_owner(key) == "a"
+    other = neighbours.get(key, key + "x")
+    assert provider.acquire_lease(other, "b", TTL).acquired  # no collision after escaping
+    assert provider.get_lease_owner(key) == "a"
