@@ -1,0 +1,158 @@
+"""Provider configuration: from ``LEASEGUARD_*`` environment variables or in code.
+
+A :class:`ProviderConfig` is a small picklable value, so the same description builds a provider
+in a Lambda function (from the environment), in the CLI, and in every worker process of the
+simulator.
+
+=================================  ==============================================================
+``LEASEGUARD_BACKEND``             ``redis``, ``dynamodb``, ``memory`` or ``noop`` (default
+                                   ``noop`` when nothing else is set, with a warning)
+``LEASEGUARD_REDIS_URL``           ``redis://``/``rediss://`` URL, ACL user and password inline
+``LEASEGUARD_REDIS_CLUSTER``       ``true`` to use a Redis Cluster client
+``LEASEGUARD_KEY_PREFIX``          Redis key prefix (default ``lg:``)
+``LEASEGUARD_TABLE_NAME``          DynamoDB table (see ``docs/dynamodb.md`` for the schema)
+``LEASEGUARD_DYNAMODB_ENDPOINT``   endpoint override (DynamoDB Local, moto); normally unset
+``LEASEGUARD_CLOCK_SKEW_MS``       DynamoDB clock-skew margin (default 1000)
+``LEASEGUARD_TTL_MS``              lease TTL of ``@lease_owned`` (default 15000)
+``LEASEGUARD_MAX_PAYLOAD_BYTES``   signal payload limit (default 262144)
+=================================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal, cast
+
+from leaseguard.errors import ConfigurationError, InvalidLeaseArgument
+from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_ttl
+
+if TYPE_CHECKING:
+    from leaseguard.providers.base import BaseLeaseProvider
+
+Backend = Literal["redis", "dynamodb", "memory", "noop"]
+BACKENDS: tuple[Backend, ...] = ("redis", "dynamodb", "memory", "noop")
+DEFAULT_TTL_MS = 15_000
+DEFAULT_CLOCK_SKEW_MS = 1_000
+
+
+@dataclass(frozen=True)
+class ProviderConfig:
+    """Everything needed to build a provider; :meth:`build` makes one."""
+
+    backend: Backend = "noop"
+    redis_url: str | None = None
+    redis_cluster: bool = False
+    key_prefix: str = "lg:"
+    table_name: str | None = None
+    dynamodb_endpoint: str | None = None
+    region_name: str | None = None
+    clock_skew_ms: int = DEFAULT_CLOCK_SKEW_MS
+    ttl_ms: int = DEFAULT_TTL_MS
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigurationError(
+                f"LEASEGUARD_BACKEND must be one of {', '.join(BACKENDS)}, got {self.backend!r}"
+            )
+        if self.backend == "redis" and not self.redis_url:
+            raise ConfigurationError("the redis backend needs LEASEGUARD_REDIS_URL")
+        if self.backend == "dynamodb" and not self.table_name:
+            raise ConfigurationError("the dynamodb backend needs LEASEGUARD_TABLE_NAME")
+        try:
+            check_ttl(self.ttl_ms)
+        except InvalidLeaseArgument as exc:
+            raise ConfigurationError(f"LEASEGUARD_TTL_MS: {exc}") from exc
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ProviderConfig:
+        env = os.environ if environ is None else environ
+        backend = env.get("LEASEGUARD_BACKEND", "").strip().lower()
+        if not backend:
+            if env.get("LEASEGUARD_REDIS_URL"):
+                backend = "redis"
+            elif env.get("LEASEGUARD_TABLE_NAME"):
+                backend = "dynamodb"
+            else:
+                warnings.warn(
+                    "no LEASEGUARD_BACKEND configured: using the no-op provider, which "
+                    "coordinates nothing across invocations",
+                    stacklevel=2,
+                )
+                backend = "noop"
+        return cls(
+            backend=cast(Backend, backend),
+            redis_url=env.get("LEASEGUARD_REDIS_URL") or None,
+            redis_cluster=_flag(env, "LEASEGUARD_REDIS_CLUSTER"),
+            key_prefix=env.get("LEASEGUARD_KEY_PREFIX", "lg:"),
+            table_name=env.get("LEASEGUARD_TABLE_NAME") or None,
+            dynamodb_endpoint=env.get("LEASEGUARD_DYNAMODB_ENDPOINT") or None,
+            region_name=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
+            clock_skew_ms=_int(env, "LEASEGUARD_CLOCK_SKEW_MS", DEFAULT_CLOCK_SKEW_MS),
+            ttl_ms=_int(env, "LEASEGUARD_TTL_MS", DEFAULT_TTL_MS),
+            max_payload_bytes=_int(env, "LEASEGUARD_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES),
+        )
+
+    def with_(self, **changes: object) -> ProviderConfig:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def build(self) -> BaseLeaseProvider:
+        """A new provider (and client) for this configuration."""
+        if self.backend == "redis":
+            from leaseguard.providers.redis import RedisLeaseProvider
+
+            assert self.redis_url is not None
+            return RedisLeaseProvider.from_url(
+                self.redis_url,
+                cluster=self.redis_cluster,
+                prefix=self.key_prefix,
+                max_payload_bytes=self.max_payload_bytes,
+            )
+        if self.backend == "dynamodb":
+            from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
+
+            assert self.table_name is not None
+            return DynamoDBLeaseProvider(
+                self.table_name,
+                endpoint_url=self.dynamodb_endpoint,
+                region_name=self.region_name,
+                clock_skew_ms=self.clock_skew_ms,
+                max_payload_bytes=self.max_payload_bytes,
+            )
+        if self.backend == "memory":
+            from leaseguard.providers.memory import InMemoryLeaseProvider
+
+            return InMemoryLeaseProvider(max_payload_bytes=self.max_payload_bytes)
+        from leaseguard.providers.noop import NoopLeaseProvider
+
+        return NoopLeaseProvider(max_payload_bytes=self.max_payload_bytes)
+
+
+@functools.cache
+def provider_from_env() -> BaseLeaseProvider:
+    """The process-wide provider described by the environment, built once per Lambda execution
+    environment (clients and connections are reused across invocations)."""
+    return ProviderConfig.from_env().build()
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    value = env.get(name, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigurationError(f"{name} must be true or false, got {value!r}")
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ConfigurationError(f"{name} must be an integer, got {raw!r}") from exc
