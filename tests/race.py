@@ -108,7 +108,7 @@ def lease_race(
                 all_stats[w],
                 errors,
             ),
-        )  # fmt: skip
+        )
         for w in range(processes)
     ]
     _run_all(workers, timeout_s)
