@@ -13,13 +13,19 @@ from .errors import (
     LeaseguardError,
     LeaseLostError,
 )
-from .providers import InMemoryLeaseProvider, NoopLeaseProvider, RedisLeaseProvider
+from .providers import (
+    DynamoDBLeaseProvider,
+    InMemoryLeaseProvider,
+    NoopLeaseProvider,
+    RedisLeaseProvider,
+)
 from .signals import KeyState, Signal, SignalQueue, is_signal_queue
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ConfigurationError",
+    "DynamoDBLeaseProvider",
     "HandlerKeyError",
     "InMemoryLeaseProvider",
     "InvalidLeaseArgument",

@@ -91,6 +91,8 @@ def make_provider(request: pytest.FixtureRequest) -> Iterator[ProviderFactory]:
                 return RedisLeaseProvider(client, prefix=prefix, **options)  # type: ignore[arg-type]
 
             return cluster_provider
+        if backend == "dynamodb":
+            return _dynamodb_factory(request, made)
         raise ValueError(f"unknown backend {backend!r}")
 
     yield factory
@@ -98,7 +100,41 @@ def make_provider(request: pytest.FixtureRequest) -> Iterator[ProviderFactory]:
         close()
 
 
-@pytest.fixture(params=["memory", "redis", "redis-cluster"])
+def _dynamodb_factory(
+    request: pytest.FixtureRequest, made: list[Callable[[], None]]
+) -> Callable[..., BaseLeaseProvider]:
+    """Providers on a fresh table of moto's in-process DynamoDB (moto nests its mocks, so each
+    factory starts one and the data lives until the test ends). clock_skew_ms defaults to 0
+    because every client here reads the same clock; the skew margin has its own tests."""
+    from moto import mock_aws
+
+    from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
+
+    monkeypatch = request.getfixturevalue("monkeypatch")
+    for name, value in _FAKE_AWS_ENV.items():
+        monkeypatch.setenv(name, value)
+    mock = mock_aws()
+    mock.start()
+    made.append(mock.stop)
+    table = f"lg-{uuid.uuid4().hex[:12]}"
+    DynamoDBLeaseProvider(table, region_name="us-east-1").create_table()
+
+    def dynamodb_provider(**options: object) -> BaseLeaseProvider:
+        options.setdefault("clock_skew_ms", 0)
+        return DynamoDBLeaseProvider(table, region_name="us-east-1", **options)  # type: ignore[arg-type]
+
+    return dynamodb_provider
+
+
+_FAKE_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.fixture(params=["memory", "redis", "redis-cluster", "dynamodb"])
 def lease_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

@@ -4,12 +4,14 @@ None of these modules imports its client library at import time; constructing a 
 """
 
 from .base import BaseLeaseProvider
+from .dynamodb import DynamoDBLeaseProvider
 from .memory import InMemoryLeaseProvider
 from .noop import NoopLeaseProvider
 from .redis import RedisLeaseProvider
 
 __all__ = [
     "BaseLeaseProvider",
+    "DynamoDBLeaseProvider",
     "InMemoryLeaseProvider",
     "NoopLeaseProvider",
     "RedisLeaseProvider",
