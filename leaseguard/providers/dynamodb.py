@@ -227,9 +227,6 @@ class _Lease:
             return self.owner
         return None
 
-    def free_for(self, me: str | None, now: int, cutoff: int) -> bool:
-        return self.holder(cutoff) is None or (self.owner == me and self.expiry <= now)
-
     @property
     def pending(self) -> bool:
         return bool(self.queue or self.in_flight)
@@ -633,7 +630,11 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
         self, key: str, signal: Signal, record: str, ttl_ms: int
     ) -> LeaseResult:
         me = signal.id
-        ref: str | None = None  # our payload item, once written
+        now, _ = self._times()
+        # Whatever happens next, the signal's payload is needed: the new owner's own signal is
+        # kept in flight (re-delivered if its process dies) and a queued one waits in the queue.
+        # Written first, so no lease item ever references a payload that is not there yet.
+        ref = self._put_signal(key, me, record, now)
         kept = False
         try:
             for _ in range(_OPTIMISTIC_ATTEMPTS):
@@ -643,8 +644,9 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                     attrs = self._update(
                         key,
                         "SET #o = :me, #e = :exp, #t = if_not_exists(#t, :floor) + :one,"
-                        " #c = :true, #w = :w, #ttl = :ttl REMOVE #p, #k, #kn",
-                        f"{_FREE_FOR_ME} AND {_NOTHING_PENDING}",
+                        " #c = :true, #w = :w, #f = :f, #fn = :fn, #gp = :shard, #gx = :exp,"
+                        " #ttl = :ttl REMOVE #p, #k, #kn",
+                        f"{_TAKEOVER} AND {_NOTHING_PENDING}",
                         {
                             ":me": me,
                             ":exp": now + ttl_ms,
@@ -653,30 +655,29 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                             ":zero": 0,
                             ":true": True,
                             ":w": nonce,
+                            ":f": [me],
+                            ":fn": [ref],
+                            ":shard": self._shard(key),
                             ":ttl": self._ttl(now + ttl_ms),
-                            ":now": now,
                             ":cutoff": cutoff,
                         },
                         returns="UPDATED_NEW",
                     )
+                    kept = True
                     return LeaseResult(True, me, _n(attrs, "t"))
                 except _ConditionFailed as failed:
                     old = failed.lease
-                if old.write_id == nonce:
+                if old.write_id == nonce:  # a botocore retry of the grant, applied earlier
+                    kept = True
                     return LeaseResult(True, me, old.token)
-                if old.live_owner(me, now):
-                    if old.token is not None and self._refresh(key, me, old.token, ttl_ms):
-                        return LeaseResult(True, me, old.token)
-                    continue
                 holder = old.holder(cutoff)
-                if holder is not None and not old.free_for(me, now, cutoff):
+                if holder is not None:
+                    if holder == me or me in old.in_flight:
+                        # A second delivery of a signal that runs (or was taken) already.
+                        return LeaseResult(False, holder, old.token, position=None)
                     if me in old.queue:
                         position = old.queue.index(me) + 1
                         return LeaseResult(False, holder, old.token, position=position)
-                    if me in old.in_flight:
-                        return LeaseResult(False, holder, old.token, position=None)
-                    if ref is None:
-                        ref = self._put_signal(key, me, record, now)
                     queued = self._append(key, me, ref, cutoff)
                     if queued is not None:
                         result, kept = queued
@@ -687,18 +688,13 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                 # adoption is conditional on, so no extra read is needed.
                 if not old.pending:
                     continue
-                if me not in old.queue and me not in old.in_flight and ref is None:
-                    ref = self._put_signal(key, me, record, now)
-                adopted = self._grant_orphan(
-                    key, old, ttl_ms, True, me, (me, ref) if ref else None, now, cutoff
-                )
+                adopted = self._grant_orphan(key, old, ttl_ms, True, (me, ref), now, cutoff)
                 if isinstance(adopted, Signal):
-                    known = old.queue + old.in_flight
-                    kept = me not in known or ref in old.queue_refs + old.in_flight_refs
+                    kept = me not in old.queue + old.in_flight
                     return LeaseResult(True, adopted.id, adopted.token, adopted=adopted)
             raise LeaseBackendError(f"acquire_or_enqueue on {key!r} did not settle")
         finally:
-            if ref is not None and not kept:
+            if not kept:
                 self._delete_signals(key, [ref])
 
     def _append(self, key: str, me: str, ref: str, cutoff: int) -> tuple[LeaseResult, bool] | None:
@@ -737,7 +733,7 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                 # Queued by a retry of this very request (our payload) or by a duplicate.
                 mine = index < len(old.queue_refs) and old.queue_refs[index] == ref
                 return LeaseResult(False, holder, old.token, position=index + 1), mine
-            if me in old.in_flight:
+            if holder == me or me in old.in_flight:
                 return LeaseResult(False, holder, old.token, position=None), False
             return None
         return LeaseResult(False, new.owner, new.token, position=len(new.queue)), True
@@ -917,7 +913,6 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
         lease: _Lease,
         ttl_ms: int,
         claim: bool,
-        me: str | None,
         extra: tuple[str, str] | None,
         now: int,
         cutoff: int,
@@ -933,11 +928,9 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
         head_at, stored = self._first_payload(key, refs)
         nonce = _nonce()
         unchanged = "#w = :was" if lease.write_id is not None else "attribute_not_exists(#w)"
-        free = _FREE_FOR_ME if me is not None else _TAKEOVER
+        free = _TAKEOVER
         values: dict[str, object] = {
             ":was": lease.write_id or "",
-            ":me": me or "",
-            ":now": now,
             ":cutoff": cutoff,
             ":w": nonce,
         }
@@ -1073,7 +1066,7 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                     except _ConditionFailed:
                         continue
                 return None
-            result = self._grant_orphan(key, lease, ttl_ms, claim, None, None, now, cutoff)
+            result = self._grant_orphan(key, lease, ttl_ms, claim, None, now, cutoff)
             if not isinstance(result, _Retry):
                 return result
         raise LeaseBackendError(f"adopting {key!r} did not settle")
