@@ -13,12 +13,14 @@ from .errors import (
     LeaseguardError,
     LeaseLostError,
 )
+from .guard import lease_owned
 from .providers import (
     DynamoDBLeaseProvider,
     InMemoryLeaseProvider,
     NoopLeaseProvider,
     RedisLeaseProvider,
 )
+from .renewal import LeaseHandle, NoActiveLease, current_lease
 from .signals import KeyState, Signal, SignalQueue, is_signal_queue
 
 __version__ = "0.1.0"
@@ -31,15 +33,19 @@ __all__ = [
     "InvalidLeaseArgument",
     "KeyState",
     "LeaseBackendError",
+    "LeaseHandle",
     "LeaseLostError",
     "LeaseProvider",
     "LeaseResult",
     "LeaseguardError",
+    "NoActiveLease",
     "NoopLeaseProvider",
     "RedisLeaseProvider",
     "Signal",
     "SignalQueue",
+    "current_lease",
     "is_lease_provider",
     "is_signal_queue",
+    "lease_owned",
     "resolve_provider",
 ]

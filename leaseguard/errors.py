@@ -39,7 +39,7 @@ class LeaseLostError(LeaseguardError):
         super().__init__(f"lease on key {key!r} is no longer owned by {owner!r} ({held})")
 
 
-class HandlerKeyError(LeaseguardError):
+class HandlerKeyError(InvalidLeaseArgument):
     """The key function of a guarded handler raised or returned something that is not a
     non-empty string. Names the handler so the misconfigured function is obvious."""
 

@@ -87,8 +87,10 @@ class SignalQueue(Protocol):
     def acquire_or_enqueue(self, key: str, signal: Signal, ttl_ms: int) -> LeaseResult:
         """Free key: ``signal.id`` becomes owner (``acquired=True``). Held key: the signal is
         appended to the key's queue (``acquired=False``, ``owner`` = holder, ``position`` =
-        1-based place in the queue). The same ``signal.id`` is queued once; if it already owns
-        the key, this is a re-acquire. A key whose owner died with signals queued is adopted:
+        1-based place in the queue). The same ``signal.id`` is queued once; a signal already in
+        flight (it owns the key, or its owner took it) is not queued again (``position=None``).
+        The new owner's signal is kept in flight until it completes, so it is delivered again if
+        the owner dies. A key whose owner died with signals queued is adopted:
         ``signal`` is queued behind them, the head becomes owner and is returned as
         ``adopted`` (the caller runs it first, keeping FIFO order)."""
         ...

@@ -55,11 +55,24 @@ def test_same_signal_id_is_queued_once(provider: BaseLeaseProvider) -> None:
     assert [s.payload for s in provider.take_signals(KEY, "owner", 10)] == [{"n": 1}, {"n": 2}]
 
 
-def test_signal_that_owns_the_key_reacquires(provider: BaseLeaseProvider) -> None:
+def test_a_signal_that_owns_the_key_is_not_run_twice(provider: BaseLeaseProvider) -> None:
     first = provider.acquire_or_enqueue(KEY, sig(1), TTL)
-    again = provider.acquire_or_enqueue(KEY, sig(1), TTL)
-    assert again.acquired and again.token == first.token
+    again = provider.acquire_or_enqueue(KEY, sig(1), TTL)  # a duplicate delivery
+    assert not again.acquired and again.position is None
+    assert (again.owner, again.token) == ("s1", first.token)
     assert provider.pending_signals(KEY) == 0
+    assert provider.inspect_key(KEY).in_flight == ("s1",)
+
+
+def test_dead_owners_own_signal_is_delivered_again(provider: BaseLeaseProvider) -> None:
+    first = provider.acquire_or_enqueue(KEY, sig(1, {"mine": True}), SHORT)
+    provider.acquire_or_enqueue(KEY, sig(2), TTL)
+    expire()  # s1's process died mid-run
+    adopted = provider.adopt_orphans(TTL, 10)
+    assert [(k, s.id, s.payload) for k, s in adopted] == [(KEY, "s1", {"mine": True})]
+    assert adopted[0][1].token and first.token and adopted[0][1].token > first.token
+    nxt = provider.transfer_to_next(KEY, "s1", TTL)
+    assert nxt is not None and nxt.id == "s2"
 
 
 def test_take_signals_is_fifo_and_honours_limit(provider: BaseLeaseProvider) -> None:

@@ -172,9 +172,8 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
         with self._lock:
             now = time.monotonic_ns()
             rec = self._record(key, now)
-            if rec.owner == signal.id:
-                rec.expires_ns = now + ttl_ms * 1_000_000
-                return LeaseResult(True, signal.id, rec.token)
+            if rec.owner == signal.id:  # a second delivery of the running signal
+                return LeaseResult(False, signal.id, rec.token, position=None)
             if rec.owner is not None:
                 if signal.id not in rec.records:
                     rec.records[signal.id] = record
@@ -186,6 +185,10 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
             if not rec.queue and not rec.in_flight:
                 token = self._grant(rec, signal.id, ttl_ms, now, claimed=True)
                 rec.previous = None
+                # Kept until the owner completes, so a crash re-delivers it.
+                rec.records[signal.id] = record
+                rec.in_flight.append(signal.id)
+                self._sync_index(key, rec)
                 return LeaseResult(True, signal.id, token)
             # The previous owner died with work pending; that work goes first.
             self._requeue_in_flight(rec)

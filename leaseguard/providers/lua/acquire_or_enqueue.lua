@@ -2,11 +2,13 @@
 --   -> {1, owner, token}                      acquired
 --   -> {1, head, token, stored_head}          acquired an orphaned key: run head first
 --   -> {0, holder, token, position}           queued (position 0: already in flight)
+-- The owner's own signal is kept in flight too, so if its process dies the sweeper delivers it
+-- again; and a second delivery of a signal that owns the key is a duplicate, never a second
+-- concurrent run under the same owner id.
 local id, stored, ttl = ARGV[2], ARGV[3], ARGV[4]
 local cur = redis.call('HMGET', lease, 'o', 't')
 if cur[1] == id then
-  redis.call('PEXPIRE', lease, ttl)
-  return {1, id, cur[2]}
+  return {0, id, cur[2], 0}
 end
 if cur[1] then
   if redis.call('HSETNX', sigs, id, stored) == 1 then
@@ -18,7 +20,11 @@ if cur[1] then
   return {0, cur[1], cur[2], pos and (pos + 1) or 0}
 end
 if redis.call('LLEN', queue) == 0 and redis.call('LLEN', inflight) == 0 then
-  return {1, id, fmt(grant(id, ttl, '1', ''))}
+  local token = grant(id, ttl, '1', '')
+  redis.call('HSET', sigs, id, stored)
+  redis.call('RPUSH', inflight, id)
+  sync_index()
+  return {1, id, fmt(token)}
 end
 -- The previous owner died with work pending: that work goes first, this signal behind it.
 requeue_inflight()

@@ -3,4 +3,5 @@ if redis.call('HGET', lease, 'o') ~= ARGV[2] then
   return 0
 end
 redis.call('PEXPIRE', lease, ARGV[3])
+sync_index() -- keep the orphan index's deadline with the lease, or the sweeper re-checks it
 return 1

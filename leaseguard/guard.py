@@ -1,0 +1,590 @@
+"""``@lease_owned``: one invocation at a time owns a key; the others forward their events to it.
+
+For each invocation::
+
+    key = key_fn(event)
+    acquire_or_enqueue(key, Signal(request id, event))
+      ├─ queued  → return "forwarded" (HTTP 202 for API Gateway); the handler does not run
+      └─ owner   → renew every ttl/3 on a thread ─ run handler ─ stop + join the thread
+                   └─ transfer_to_next: the next queued signal becomes owner, no gap
+                        ├─ time left  → run it inline, same invocation (and repeat)
+                        ├─ no time    → async Invoke of this function, or SQS, with an envelope
+                        └─ queue empty → the key is released
+
+The flow lives in one generator (:meth:`_Invocation.flow`) that *yields* each handler run to a
+driver; the sync and the async wrappers are two drivers of the same flow, so ``async def``
+handlers get exactly the same semantics.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Protocol, TypeVar, cast
+
+from leaseguard.config import DEFAULT_TTL_MS, provider_from_env
+from leaseguard.contract import LeaseProvider, is_lease_provider
+from leaseguard.errors import (
+    ConfigurationError,
+    HandlerKeyError,
+    InvalidLeaseArgument,
+    LeaseLostError,
+)
+from leaseguard.events import as_json, forwarded_response, rebuild_like, signal_id
+from leaseguard.handoff import (
+    Dispatcher,
+    Envelope,
+    InvalidEnvelope,
+    InvokeDispatcher,
+    SqsDispatcher,
+    parse_envelope,
+)
+from leaseguard.observability import Telemetry
+from leaseguard.renewal import _CURRENT, LeaseHandle, LeaseRenewer
+from leaseguard.signals import Signal, SignalQueue, is_signal_queue, now_ms
+from leaseguard.validation import check_key, check_positive_int, check_ttl
+
+F = TypeVar("F", bound=Callable[..., Any])
+Handoff = Literal["auto", "inline", "invoke", "sqs"]
+HANDOFF_MODES = ("auto", "inline", "invoke", "sqs")
+DEFAULT_HANDOFF_MARGIN_MS = 3_000
+
+
+class QueueProvider(LeaseProvider, SignalQueue, Protocol):
+    """A lease provider that also implements the signal queue (every built-in one does)."""
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The flow asks its driver to run the handler on ``event`` while ``handle`` is held."""
+
+    event: Any
+    handle: LeaseHandle
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    value: Any = None
+    error: BaseException | None = None
+
+
+_NOT_RUN = object()
+
+
+@dataclass(frozen=True)
+class _Call:
+    """How the wrapper was called, so the handler can be called the same way with another
+    event: ``handler(event, context)`` from Lambda, ``record_handler(record=...,
+    lambda_context=...)`` from Powertools' BatchProcessor."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    event_slot: int | str
+    context: Any
+
+    @classmethod
+    def capture(cls, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+        if args:
+            slot: int | str = 0
+        else:
+            found = next((k for k in ("event", "record") if k in kwargs), None)
+            if found is None:
+                raise TypeError(f"{name}() was called without an event")
+            slot = found
+        context = args[1] if len(args) > 1 else kwargs.get("lambda_context", kwargs.get("context"))
+        return cls(args, kwargs, slot, context)
+
+    @property
+    def event(self) -> Any:
+        if isinstance(self.event_slot, int):
+            return self.args[self.event_slot]
+        return self.kwargs[self.event_slot]
+
+    def with_event(self, event: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        if isinstance(self.event_slot, int):
+            return (event, *self.args[1:]), self.kwargs
+        return self.args, {**self.kwargs, self.event_slot: event}
+
+
+class _Guard:
+    """The decorator's configuration, validated once at decoration time."""
+
+    def __init__(
+        self,
+        handler: Callable[..., Any],
+        key_fn: Callable[[Any], str] | str,
+        provider: object | None,
+        ttl_ms: int | None,
+        renew_every_ms: int | None,
+        handoff: Handoff,
+        handoff_margin_ms: int,
+        queue_url: str | None,
+        on_lost: Callable[[LeaseHandle], None] | None,
+        on_signal_error: Callable[[Signal, BaseException], None] | None,
+        signal_id_fn: Callable[[Any, Any], str] | None,
+        lambda_client: Any,
+        sqs_client: Any,
+        telemetry: Telemetry,
+    ) -> None:
+        self.name = getattr(handler, "__qualname__", repr(handler))
+        self.key_fn = _compile_key_fn(key_fn, self.name)
+        if provider is not None and not (is_lease_provider(provider) and is_signal_queue(provider)):
+            raise ConfigurationError(
+                f"@lease_owned on {self.name}: provider must implement the lease contract and "
+                f"the signal queue, got {type(provider).__name__}"
+            )
+        self._provider = cast("QueueProvider | None", provider)
+        try:
+            self.ttl_ms = check_ttl(ttl_ms if ttl_ms is not None else _env_ttl())
+            every = renew_every_ms if renew_every_ms is not None else max(self.ttl_ms // 3, 1)
+            self.renew_every_ms = check_positive_int("renew_every_ms", every, self.ttl_ms - 1)
+            if handoff_margin_ms != 0:
+                check_positive_int("handoff_margin_ms", handoff_margin_ms, 900_000)
+        except InvalidLeaseArgument as exc:
+            raise ConfigurationError(f"@lease_owned on {self.name}: {exc}") from exc
+        if handoff not in HANDOFF_MODES:
+            raise ConfigurationError(f"handoff must be one of {HANDOFF_MODES}, got {handoff!r}")
+        if handoff == "sqs" and not queue_url:
+            raise ConfigurationError('handoff="sqs" needs queue_url (the queue to hand off to)')
+        self.handoff = handoff
+        self.handoff_margin_ms = handoff_margin_ms
+        self.queue_url = queue_url
+        self.on_lost = on_lost
+        self.on_signal_error = on_signal_error
+        self.signal_id_fn = signal_id_fn or signal_id
+        self.lambda_client = lambda_client
+        self.sqs_client = sqs_client
+        self.telemetry = telemetry
+
+    @property
+    def provider(self) -> QueueProvider:
+        # Built on first use, not at import: tests and local runs set the environment first.
+        if self._provider is None:
+            self._provider = cast("QueueProvider", provider_from_env())
+        return self._provider
+
+    def key_of(self, event: Any) -> str:
+        try:
+            key = self.key_fn(event)
+        except HandlerKeyError:
+            raise
+        except Exception as exc:
+            raise HandlerKeyError(
+                f"key function of {self.name} raised {type(exc).__name__}: {exc}"
+            ) from exc
+        if not isinstance(key, str) or not key:
+            raise HandlerKeyError(
+                f"key function of {self.name} returned {type(key).__name__} {key!r}; "
+                "it must return a non-empty str"
+            )
+        try:
+            return check_key(key)
+        except InvalidLeaseArgument as exc:
+            raise HandlerKeyError(f"key function of {self.name}: {exc}") from exc
+
+    def can_dispatch(self, context: Any) -> bool:
+        """Whether a remote handoff is possible: SQS configured, or a Lambda context that names
+        this function."""
+        if self.handoff == "inline":
+            return False
+        if self.queue_url:
+            return True
+        arn = getattr(context, "invoked_function_arn", None)
+        return self.handoff != "sqs" and isinstance(arn, str) and bool(arn)
+
+    def make_dispatcher(self, context: Any) -> Dispatcher:
+        if self.queue_url and self.handoff in ("auto", "sqs"):
+            return SqsDispatcher(self.queue_url, self.sqs_client)
+        return InvokeDispatcher(context.invoked_function_arn, self.lambda_client)
+
+
+class _Invocation:
+    """One call of a guarded handler."""
+
+    def __init__(self, guard: _Guard, call: _Call) -> None:
+        self.guard = guard
+        self.call = call
+        self.event = call.event
+        self.context = call.context
+        self.telemetry = guard.telemetry
+
+    def flow(self) -> Generator[_Run, _Outcome, Any]:
+        guard, provider = self.guard, self.guard.provider
+        try:
+            envelope = parse_envelope(self.event)
+        except InvalidEnvelope as exc:
+            self.telemetry.log(
+                logging.WARNING, "rejected malformed handoff envelope", error=str(exc)
+            )
+            self.telemetry.count("HandoffRejected")
+            return {"leaseguard": {"status": "rejected", "reason": str(exc)}}
+        if envelope is not None:
+            return (yield from self._receive(envelope))
+
+        key = guard.key_of(self.event)
+        own = Signal(guard.signal_id_fn(self.event, self.context), as_json(self.event))
+        result = provider.acquire_or_enqueue(key, own, guard.ttl_ms)
+        if not result.acquired and result.position is None:
+            # Already in flight (its owner runs it, or this is a second delivery of the event
+            # that owns the key): running it here would run it twice.
+            self.telemetry.count("DuplicateDelivery")
+            return forwarded_response(
+                self.event, _forwarded_body(key, own.id, result.owner, None, status="duplicate")
+            )
+        if not result.acquired:
+            self.telemetry.count("LeaseForwarded")
+            self.telemetry.log(
+                logging.INFO,
+                "forwarded event to the key's owner",
+                lease_key=key,
+                lease_holder=result.owner,
+                queue_position=result.position,
+                signal_id=own.id,
+            )
+            return forwarded_response(
+                self.event, _forwarded_body(key, own.id, result.owner, result.position)
+            )
+        self.telemetry.count("LeaseAcquired")
+        first = result.adopted or replace(own, token=result.token)
+        return (
+            yield from self._chain(key, first, primary=own.id, own_event=result.adopted is None)
+        )
+
+    def _receive(self, envelope: Envelope) -> Generator[_Run, _Outcome, Any]:
+        guard = self.guard
+        signal = guard.provider.claim_signal(
+            envelope.key, envelope.owner, envelope.token, guard.ttl_ms
+        )
+        if signal is None:
+            self.telemetry.count("HandoffRejected")
+            self.telemetry.log(
+                logging.WARNING,
+                "ignored a stale, duplicate or forged handoff envelope",
+                lease_key=envelope.key,
+                lease_owner=envelope.owner,
+                fencing_token=envelope.token,
+            )
+            return {
+                "leaseguard": {
+                    "status": "rejected",
+                    "reason": "grant not claimable",
+                    "key": envelope.key,
+                }
+            }
+        self.telemetry.count("LeaseAcquired")
+        return (yield from self._chain(envelope.key, signal, primary=signal.id, own_event=False))
+
+    def _chain(
+        self, key: str, first: Signal, *, primary: str, own_event: bool
+    ) -> Generator[_Run, _Outcome, Any]:
+        """Run ``first``, then each signal the lease is handed to while it can run inline."""
+        guard, provider, telemetry = self.guard, self.guard.provider, self.telemetry
+        primary_outcome: _Outcome | None = None
+        longest_ms = 0.0
+        current: Signal | None = first
+        while current is not None:
+            handle = LeaseHandle(
+                provider, key, current.id, current.token, guard.ttl_ms, on_lost=self._lost_callback
+            )
+            is_primary = current.id == primary
+            if is_primary and own_event:
+                event = self.event
+            else:
+                event = rebuild_like(self.event, current.payload)
+                telemetry.timing("LeaseWaitMs", now_ms() - current.enqueued_at_ms)
+            renewer = LeaseRenewer(handle, guard.renew_every_ms).start()
+            started = time.monotonic()
+            try:
+                outcome = yield _Run(event, handle)
+            finally:
+                renewer.stop()
+            held_ms = (time.monotonic() - started) * 1000
+            longest_ms = max(longest_ms, held_ms)
+            telemetry.timing("LeaseHoldMs", held_ms)
+            if is_primary:
+                primary_outcome = outcome
+            elif outcome.error is not None:
+                self._signal_failed(key, current, outcome.error)
+
+            if handle.lost:
+                telemetry.count("LeaseLost")
+                telemetry.log(
+                    logging.ERROR,
+                    "lease lost while the handler ran; not handing off",
+                    lease_key=key,
+                    lease_owner=handle.owner,
+                    reason=handle.lost_reason,
+                )
+                break
+            remote = self._hand_off_remotely(longest_ms)
+            try:
+                nxt = provider.transfer_to_next(key, current.id, guard.ttl_ms, claim=not remote)
+            except LeaseLostError:
+                handle.mark_lost("the lease expired or moved before the handoff")
+                telemetry.count("LeaseLost")
+                telemetry.log(
+                    logging.ERROR,
+                    "lease lost before the handoff; not handing off",
+                    lease_key=key,
+                    lease_owner=handle.owner,
+                )
+                break
+            if nxt is None:
+                break
+            telemetry.count("LeaseHandedOff")
+            if remote:
+                self._dispatch(Envelope(key, nxt.id, nxt.token or 0, nxt.payload))
+                break
+            current = nxt
+
+        if primary_outcome is None:
+            # An adopted chain that had to stop before reaching this invocation's own event:
+            # it stays queued and runs later, like any forwarded event.
+            return _forwarded_body(key, primary, None, None, status="queued")
+        if primary_outcome.error is not None:
+            raise primary_outcome.error
+        return primary_outcome.value
+
+    def _hand_off_remotely(self, longest_ms: float) -> bool:
+        """Inline while the deadline leaves the margin plus the longest run so far; the next
+        run may well take as long as the slowest one did."""
+        guard = self.guard
+        if not guard.can_dispatch(self.context):
+            if guard.handoff in ("invoke", "sqs"):
+                self.telemetry.log(
+                    logging.WARNING,
+                    f'handoff="{guard.handoff}" is not possible '
+                    "without a Lambda context; running the next signal inline",
+                )
+            return False
+        if guard.handoff in ("invoke", "sqs"):
+            return True
+        remaining = _remaining_ms(self.context)
+        return remaining is not None and remaining - guard.handoff_margin_ms <= longest_ms
+
+    def _dispatch(self, envelope: Envelope) -> None:
+        try:
+            self.guard.make_dispatcher(self.context).dispatch(envelope)
+        except Exception as exc:
+            # The grant stays in the backend unclaimed; once its TTL passes, adopt_orphans (the
+            # sweeper) or the key's next event delivers it. Failing this invocation instead
+            # would make Lambda retry an event that already ran.
+            self.telemetry.count("HandoffFailed")
+            self.telemetry.log(
+                logging.ERROR,
+                "handoff dispatch failed; the signal will be re-delivered after its lease expires",
+                lease_key=envelope.key,
+                lease_owner=envelope.owner,
+                error=str(exc),
+            )
+            return
+        self.telemetry.count("HandoffDispatched")
+
+    def _signal_failed(self, key: str, signal: Signal, error: BaseException) -> None:
+        self.telemetry.count("SignalFailed")
+        self.telemetry.log(
+            logging.ERROR,
+            "handler failed on a forwarded signal",
+            lease_key=key,
+            signal_id=signal.id,
+            error=f"{type(error).__name__}: {error}",
+        )
+        callback = self.guard.on_signal_error
+        if callback is not None:
+            try:
+                callback(signal, error)
+            except Exception:
+                logging.getLogger("leaseguard").exception("on_signal_error callback failed")
+
+    def _lost_callback(self, handle: LeaseHandle) -> None:
+        self.telemetry.log(
+            logging.WARNING,
+            "lease lost",
+            lease_key=handle.key,
+            lease_owner=handle.owner,
+            reason=handle.lost_reason,
+        )
+        if self.guard.on_lost is not None:
+            self.guard.on_lost(handle)
+
+
+def _forwarded_body(
+    key: str, signal: str, holder: str | None, position: int | None, status: str = "forwarded"
+) -> dict[str, Any]:
+    return {
+        "leaseguard": {
+            "status": status,
+            "key": key,
+            "signal_id": signal,
+            "holder": holder,
+            "position": position,
+        }
+    }
+
+
+def _remaining_ms(context: Any) -> int | None:
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    if not callable(remaining):
+        return None
+    value = remaining()
+    return int(value) if isinstance(value, (int, float)) else None
+
+
+def _env_ttl() -> int:
+    import os
+
+    raw = os.environ.get("LEASEGUARD_TTL_MS")
+    if not raw:
+        return DEFAULT_TTL_MS
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ConfigurationError(f"LEASEGUARD_TTL_MS must be an integer, got {raw!r}") from exc
+
+
+def _compile_key_fn(key_fn: Callable[[Any], str] | str, name: str) -> Callable[[Any], Any]:
+    if callable(key_fn):
+        return key_fn
+    if not isinstance(key_fn, str) or not key_fn:
+        raise ConfigurationError(
+            f"@lease_owned on {name}: key_fn must be a callable or a JMESPath string"
+        )
+    import jmespath
+    from jmespath.exceptions import JMESPathError
+
+    try:
+        expression = jmespath.compile(key_fn)
+    except JMESPathError as exc:
+        raise ConfigurationError(f"@lease_owned on {name}: bad JMESPath {key_fn!r}: {exc}") from exc
+
+    def search(event: Any) -> Any:
+        found = expression.search(as_json(event))
+        if found is None:
+            raise HandlerKeyError(f"key function of {name}: nothing at {key_fn!r} in the event")
+        return found
+
+    return search
+
+
+def _drive_sync(fn: Callable[..., Any], invocation: _Invocation) -> Any:
+    flow = invocation.flow()
+    try:
+        request = next(flow)
+        while True:
+            args, kwargs = invocation.call.with_event(request.event)
+            handle = request.handle
+            reset = _CURRENT.set(handle)
+            try:
+                with invocation.telemetry.lease_context(handle.key, handle.owner, handle.token):
+                    outcome = _Outcome(value=fn(*args, **kwargs))
+            except Exception as exc:
+                outcome = _Outcome(error=exc)
+            finally:
+                _CURRENT.reset(reset)
+            request = flow.send(outcome)
+    except StopIteration as done:
+        return done.value
+    finally:
+        flow.close()
+        invocation.telemetry.flush()
+
+
+async def _drive_async(fn: Callable[..., Any], invocation: _Invocation) -> Any:
+    flow = invocation.flow()
+    try:
+        request = next(flow)
+        while True:
+            args, kwargs = invocation.call.with_event(request.event)
+            handle = request.handle
+            reset = _CURRENT.set(handle)
+            try:
+                with invocation.telemetry.lease_context(handle.key, handle.owner, handle.token):
+                    outcome = _Outcome(value=await fn(*args, **kwargs))
+            except Exception as exc:
+                outcome = _Outcome(error=exc)
+            finally:
+                _CURRENT.reset(reset)
+            request = flow.send(outcome)
+    except StopIteration as done:
+        return done.value
+    finally:
+        flow.close()
+        invocation.telemetry.flush()
+
+
+def lease_owned(
+    key_fn: Callable[[Any], str] | str,
+    provider: object | None = None,
+    ttl_ms: int | None = None,
+    renew_every_ms: int | None = None,
+    handoff: Handoff = "auto",
+    *,
+    handoff_margin_ms: int = DEFAULT_HANDOFF_MARGIN_MS,
+    queue_url: str | None = None,
+    on_lost: Callable[[LeaseHandle], None] | None = None,
+    on_signal_error: Callable[[Signal, BaseException], None] | None = None,
+    signal_id_fn: Callable[[Any, Any], str] | None = None,
+    lambda_client: Any = None,
+    sqs_client: Any = None,
+    logger: Any = None,
+    metrics: Any = None,
+    tracer: Any = None,
+) -> Callable[[F], F]:
+    """Guard a Lambda handler (or a Powertools batch record handler) with a lease on
+    ``key_fn(event)``.
+
+    ``key_fn`` is a callable on the event or a JMESPath expression
+    (``"pathParameters.threadId"``). ``provider`` defaults to the one ``LEASEGUARD_*``
+    environment variables describe. ``ttl_ms`` defaults to ``LEASEGUARD_TTL_MS`` or 15 s and
+    the lease is renewed every ``renew_every_ms`` (default ``ttl_ms // 3``).
+
+    ``handoff`` decides how the next queued signal runs when the handler finishes:
+    ``"auto"`` runs it inline while the Lambda deadline leaves ``handoff_margin_ms`` more than
+    the longest handler run so far, else hands off by SQS (when ``queue_url`` is set) or by an
+    async ``Invoke`` of this function; ``"inline"``, ``"invoke"`` and ``"sqs"`` force one way.
+
+    ``on_lost(handle)`` runs when renewal fails; ``on_signal_error(signal, exc)`` when the
+    handler raises on a forwarded signal (the invocation's own event re-raises instead, so
+    Lambda's retry applies). ``logger``, ``metrics`` and ``tracer`` take Powertools objects.
+    """
+
+    def decorate(fn: F) -> F:
+        guard = _Guard(
+            fn,
+            key_fn,
+            provider,
+            ttl_ms,
+            renew_every_ms,
+            handoff,
+            handoff_margin_ms,
+            queue_url,
+            on_lost,
+            on_signal_error,
+            signal_id_fn,
+            lambda_client,
+            sqs_client,
+            Telemetry(logger=logger, metrics=metrics, tracer=tracer),
+        )
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                call = _Call.capture(guard.name, args, kwargs)
+                return await _drive_async(fn, _Invocation(guard, call))
+
+            async_wrapper.__leaseguard__ = guard  # type: ignore[attr-defined]
+            return cast(F, async_wrapper)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return _drive_sync(fn, _Invocation(guard, _Call.capture(guard.name, args, kwargs)))
+
+        wrapper.__leaseguard__ = guard  # type: ignore[attr-defined]
+        return cast(F, wrapper)
+
+    return decorate

@@ -1,0 +1,152 @@
+"""The lease an invocation holds while its handler runs, and the thread that renews it.
+
+:class:`LeaseHandle` is what :func:`leaseguard.current_lease` returns inside a guarded handler.
+:class:`LeaseRenewer` renews it every ``renew_every_ms`` on a daemon thread; the guard always
+stops and joins that thread before the handler's invocation returns, because Lambda freezes the
+execution environment as soon as the handler returns and a frozen renewer would look alive.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from leaseguard.errors import LeaseguardError, LeaseLostError
+
+if TYPE_CHECKING:
+    from leaseguard.guard import QueueProvider
+    from leaseguard.signals import Signal
+
+_log = logging.getLogger("leaseguard")
+_CURRENT: contextvars.ContextVar[LeaseHandle] = contextvars.ContextVar("leaseguard_lease")
+
+
+class NoActiveLease(LeaseguardError, LookupError):
+    """``current_lease()`` was called outside a handler guarded by ``@lease_owned``."""
+
+
+def current_lease() -> LeaseHandle:
+    """The lease of the guarded handler that is running now."""
+    try:
+        return _CURRENT.get()
+    except LookupError:
+        raise NoActiveLease(
+            "current_lease() is only available inside a @lease_owned handler"
+        ) from None
+
+
+class LeaseHandle:
+    """One owner's hold on one key for one handler run.
+
+    ``lost`` turns true when a renewal fails or is refused; from then on the handler must not
+    assume it is the only one working on the key (check ``token`` in downstream writes, or call
+    :meth:`check` before side effects).
+    """
+
+    def __init__(
+        self,
+        provider: QueueProvider,
+        key: str,
+        owner: str,
+        token: int | None,
+        ttl_ms: int,
+        on_lost: Callable[[LeaseHandle], None] | None = None,
+    ) -> None:
+        self.provider = provider
+        self.key = key
+        self.owner = owner
+        self.token = token
+        self.ttl_ms = ttl_ms
+        self.lost_reason: str | None = None
+        self._on_lost = on_lost
+        self._lock = threading.Lock()
+        self._valid_until = time.monotonic() + ttl_ms / 1000
+        self.acquired_at = time.monotonic()
+
+    @property
+    def lost(self) -> bool:
+        return self.lost_reason is not None
+
+    @property
+    def remaining_ms(self) -> int:
+        """Time until the lease would expire as far as this process knows: measured from when
+        the last successful renewal was *sent*, so it never overstates the backend's TTL."""
+        return max(int((self._valid_until - time.monotonic()) * 1000), 0)
+
+    def check(self) -> None:
+        """Raise :class:`~leaseguard.errors.LeaseLostError` unless the lease is still held."""
+        if self.lost or self.remaining_ms == 0:
+            self.mark_lost(self.lost_reason or "lease expired before it could be renewed")
+            raise LeaseLostError(self.key, self.owner)
+
+    def take_signals(self, limit: int = 10) -> list[Signal]:
+        """Drain up to ``limit`` follow-up signals queued for this key, oldest first. They are
+        this owner's to handle: if it dies before finishing, they are delivered again."""
+        try:
+            return self.provider.take_signals(self.key, self.owner, limit)
+        except LeaseLostError:
+            self.mark_lost("take_signals found the lease owned by someone else")
+            raise
+
+    def renewed(self, sent_at: float) -> None:
+        with self._lock:
+            self._valid_until = max(self._valid_until, sent_at + self.ttl_ms / 1000)
+
+    def mark_lost(self, reason: str) -> None:
+        with self._lock:
+            if self.lost_reason is not None:
+                return
+            self.lost_reason = reason
+        if self._on_lost is not None:
+            try:
+                self._on_lost(self)
+            except Exception:  # a failing callback must not kill the renewer or the handler
+                _log.exception("on_lost callback failed for key %r", self.key)
+
+    def __repr__(self) -> str:
+        state = f"lost: {self.lost_reason}" if self.lost else f"{self.remaining_ms} ms left"
+        return f"<LeaseHandle key={self.key!r} owner={self.owner!r} token={self.token} {state}>"
+
+
+class LeaseRenewer:
+    """Renews ``handle`` every ``every_ms`` until stopped or the lease is lost."""
+
+    def __init__(self, handle: LeaseHandle, every_ms: int) -> None:
+        self.handle = handle
+        self.every_s = every_ms / 1000
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"leaseguard-renew-{handle.key[:32]}", daemon=True
+        )
+
+    def start(self) -> LeaseRenewer:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        handle = self.handle
+        while not self._stop.wait(self.every_s):
+            sent_at = time.monotonic()
+            try:
+                still_owner = handle.provider.renew_lease(handle.key, handle.owner, handle.ttl_ms)
+            except Exception as exc:
+                handle.mark_lost(f"renewal failed: {type(exc).__name__}: {exc}")
+                return
+            if not still_owner:
+                handle.mark_lost("renewal refused: the lease expired or moved to another owner")
+                return
+            handle.renewed(sent_at)
+
+    def stop(self) -> None:
+        """Stop and join; after this returns no renewal is in flight."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
