@@ -47,7 +47,7 @@ re-checks every candidate with a consistent read and a conditional write. Renewa
 re-indexed when the sweep meets it.
 
 **Retries.** botocore retries throttling, 5xx, timeouts and connection errors (standard mode,
-``max_attempts`` 4 by default); what still fails is :class:`~leaseguard.errors.LeaseBackendError`.
+4 attempts in all by default); what still fails is :class:`~leaseguard.errors.LeaseBackendError`.
 A retried write whose first attempt was applied fails its own condition; the ``ALL_OLD`` image
 then shows the write's id (``w``), the take nonce (``k``) or, as on Redis, the previous owner
 (``p``) of a transfer, and the call reports the applied result instead of a failure.
@@ -1135,7 +1135,7 @@ def _build_client(
     from botocore.exceptions import BotoCoreError
 
     config = Config(
-        retries={"mode": "standard", "max_attempts": DEFAULT_MAX_ATTEMPTS},
+        retries={"mode": "standard", "total_max_attempts": DEFAULT_MAX_ATTEMPTS},
         connect_timeout=2,
         read_timeout=5,
         tcp_keepalive=True,

@@ -1,0 +1,489 @@
+"""DynamoDB specifics beyond the shared contract: clock skew, token floors, the table, errors,
+retries of writes whose reply was lost, the orphan index and payloads removed by TTL.
+
+Everything runs against the serialized moto server over real HTTP, so botocore's retry logic
+and event hooks are the ones a Lambda function would use. Clocks are injected where a test is
+about time, so nothing here sleeps or depends on how fast anything is.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import urllib3
+from botocore.awsrequest import AWSResponse
+from botocore.config import Config
+from botocore.exceptions import ClientError, EndpointConnectionError
+
+from leaseguard import LeaseBackendError, Signal
+from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
+from leaseguard.testing import DynamoDBServer, free_port
+
+TTL = 10_000
+Make = Callable[..., DynamoDBLeaseProvider]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[DynamoDBServer]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        patch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        with DynamoDBServer() as running:
+            yield running
+
+
+@pytest.fixture
+def table(server: DynamoDBServer) -> str:
+    name = f"provider-{uuid.uuid4().hex[:8]}"
+    DynamoDBLeaseProvider(
+        name, endpoint_url=server.endpoint_url, region_name="us-east-1"
+    ).create_table()
+    return name
+
+
+@pytest.fixture
+def make(server: DynamoDBServer, table: str) -> Make:
+    def build(**options: Any) -> DynamoDBLeaseProvider:
+        return DynamoDBLeaseProvider(
+            table, endpoint_url=server.endpoint_url, region_name="us-east-1", **options
+        )
+
+    return build
+
+
+class Clock:
+    """A shared fake wall clock; each caller sees it shifted by its own offset."""
+
+    def __init__(self) -> None:
+        self.now = time.time_ns() // 1_000_000
+
+    def offset(self, ms: int) -> Callable[[], int]:
+        return lambda: self.now + ms
+
+
+def raw_item(provider: DynamoDBLeaseProvider, key: str, sk: str = "lease") -> dict[str, Any]:
+    response = provider.client.get_item(
+        TableName=provider.table_name,
+        Key={"pk": {"S": key}, "sk": {"S": sk}},
+        ConsistentRead=True,
+    )
+    return dict(response.get("Item", {}))
+
+
+def payload_ref(provider: DynamoDBLeaseProvider, key: str, signal_id: str) -> str:
+    item = raw_item(provider, key)
+    ids = [v["S"] for v in item["q"]["L"]] + [v["S"] for v in item.get("f", {"L": []})["L"]]
+    refs = [v["S"] for v in item["qn"]["L"]] + [v["S"] for v in item.get("fn", {"L": []})["L"]]
+    return str(refs[ids.index(signal_id)])
+
+
+def expire_payload(provider: DynamoDBLeaseProvider, key: str, signal_id: str) -> None:
+    """What DynamoDB's TTL does to a payload item that outlived its retention."""
+    provider.client.delete_item(
+        TableName=provider.table_name,
+        Key={"pk": {"S": key}, "sk": {"S": "sig#" + payload_ref(provider, key, signal_id)}},
+    )
+
+
+# -- imports ------------------------------------------------------------------------------------
+
+
+def test_import_leaseguard_does_not_import_boto3() -> None:
+    code = (
+        "import sys, leaseguard, leaseguard.providers.dynamodb\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('boto3', 'botocore'))\n"
+        "assert not loaded, loaded\n"
+        "leaseguard.DynamoDBLeaseProvider('lazy-table', region_name='us-east-1')\n"
+        "assert 'boto3' in sys.modules and 'botocore' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+# -- clocks -------------------------------------------------------------------------------------
+
+
+def _first_takeover(
+    owner: DynamoDBLeaseProvider, taker: DynamoDBLeaseProvider, clock: Clock, start: int
+) -> int:
+    """Step the true time 10 ms at a time until ``taker`` wins the key; returns when (ms after
+    ``start``). Until then every refusal must name the owner."""
+    for step in range(0, 10_000, 10):
+        clock.now = start + step
+        result = taker.acquire_lease("k", "taker", TTL)
+        if result.acquired:
+            return step
+        assert result.owner == "owner"
+    raise AssertionError("never taken over")
+
+
+@pytest.mark.parametrize(
+    ("offset_ms", "skew_ms"),
+    [(-2_000, 1_000), (2_000, 2_500), (0, 1_000), (-2_000, 0)],
+    ids=["2s-behind", "2s-ahead", "in-sync", "2s-behind-no-margin"],
+)
+def test_a_skewed_caller_never_takes_over_before_expiry_plus_margin(
+    make: Make, offset_ms: int, skew_ms: int
+) -> None:
+    clock = Clock()
+    start = clock.now
+    owner = make(clock=clock.offset(0))
+    taker = make(clock=clock.offset(offset_ms), clock_skew_ms=skew_ms)
+    assert owner.acquire_lease("k", "owner", 1_000).acquired
+    expiry = start + 1_000  # on the owner's clock, which is the true one here
+    taken_at = start + _first_takeover(owner, taker, clock, start)
+    assert taken_at + offset_ms > expiry + skew_ms  # on the taker's clock, past the margin
+    assert taken_at > expiry  # and in true time, never before the owner's lease ran out
+    assert not owner.renew_lease("k", "owner", TTL)
+
+
+def test_an_expired_owner_is_in_limbo_until_the_margin_passes(make: Make) -> None:
+    clock = Clock()
+    start = clock.now
+    owner = make(clock=clock.offset(0), clock_skew_ms=1_000)
+    other = make(clock=clock.offset(0), clock_skew_ms=1_000)
+    held = owner.acquire_lease("k", "owner", 1_000)
+    clock.now = start + 1_500  # the owner's lease ran out; the margin has not
+    assert owner.renew_lease("k", "owner", TTL) is False  # the owner must stop
+    assert owner.transfer_lease("k", "owner", "next", TTL) is False
+    refused = other.acquire_lease("k", "other", TTL)  # and nobody else may start yet
+    assert (refused.acquired, refused.owner, refused.token) == (False, "owner", held.token)
+    assert other.get_lease_owner("k") == "owner"
+    clock.now = start + 2_001
+    assert other.acquire_lease("k", "other", TTL).acquired
+
+
+# -- tokens and the item ------------------------------------------------------------------------
+
+
+def test_release_keeps_the_token_on_the_item(make: Make) -> None:
+    provider = make()
+    held = provider.acquire_lease("k", "a", TTL)
+    provider.release_lease("k", "a")
+    item = raw_item(provider, "k")
+    assert "o" not in item and int(item["t"]["N"]) == held.token
+    again = provider.acquire_lease("k", "b", TTL)
+    assert again.token == (held.token or 0) + 1
+
+
+def test_tokens_stay_above_every_earlier_one_after_ttl_deletion(make: Make) -> None:
+    clock = Clock()
+    start = clock.now
+    provider = make(clock=clock.offset(0))
+    owner = "o0"
+    last = provider.acquire_lease("k", owner, TTL).token
+    for i in range(1, 50):
+        assert provider.transfer_lease("k", owner, f"o{i}", TTL)
+        owner = f"o{i}"
+    last = provider.inspect_key("k").token
+    provider.release_lease("k", owner)
+    item = raw_item(provider, "k")
+    assert int(item["ttl"]["N"]) >= start // 1000 + provider.retention_s
+    # DynamoDB's TTL deletes the item, at the earliest retention_s after the last expiry.
+    provider.client.delete_item(
+        TableName=provider.table_name, Key={"pk": {"S": "k"}, "sk": {"S": "lease"}}
+    )
+    clock.now = start + provider.retention_s * 1000
+    later = make(clock=clock.offset(-provider.clock_skew_ms))  # even with a slow clock
+    fresh = later.acquire_lease("k", "new", TTL)
+    assert fresh.token is not None and last is not None and fresh.token > last
+
+
+def test_the_ttl_attribute_follows_the_lease(make: Make) -> None:
+    clock = Clock()
+    provider = make(clock=clock.offset(0))
+    provider.acquire_lease("k", "a", 30_000)
+    expiry = clock.now + 30_000
+    assert int(raw_item(provider, "k")["ttl"]["N"]) == expiry // 1000 + provider.retention_s
+    clock.now += 20_000
+    provider.renew_lease("k", "a", 30_000)
+    assert int(raw_item(provider, "k")["ttl"]["N"]) == (expiry + 20_000) // 1000 + (
+        provider.retention_s
+    )
+
+
+# -- the table ------------------------------------------------------------------------------------
+
+
+def test_create_table_is_idempotent_and_sets_up_ttl_and_the_index(make: Make, table: str) -> None:
+    provider = make()
+    provider.create_table()
+    provider.create_table()
+    described = provider.client.describe_table(TableName=table)["Table"]
+    assert described["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
+    assert [k["AttributeName"] for k in described["KeySchema"]] == ["pk", "sk"]
+    (index,) = described["GlobalSecondaryIndexes"]
+    assert index["IndexName"] == "orphans"
+    assert index["Projection"]["ProjectionType"] == "KEYS_ONLY"
+    ttl = provider.client.describe_time_to_live(TableName=table)["TimeToLiveDescription"]
+    assert (ttl["TimeToLiveStatus"], ttl["AttributeName"]) == ("ENABLED", "ttl")
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+def test_an_unreachable_endpoint_is_a_backend_error() -> None:
+    provider = DynamoDBLeaseProvider(
+        "t-unreachable",
+        endpoint_url=f"http://127.0.0.1:{free_port()}",
+        region_name="us-east-1",
+        retry_config=Config(retries={"total_max_attempts": 2}, connect_timeout=0.5),
+    )
+    with pytest.raises(LeaseBackendError) as info:
+        provider.acquire_lease("k", "a", TTL)
+    assert isinstance(info.value.__cause__, EndpointConnectionError)
+
+
+def test_a_missing_table_is_a_backend_error(server: DynamoDBServer) -> None:
+    provider = DynamoDBLeaseProvider(
+        "no-such-table", endpoint_url=server.endpoint_url, region_name="us-east-1"
+    )
+    for call in (
+        lambda: provider.acquire_lease("k", "a", TTL),
+        lambda: provider.get_lease_owner("k"),
+        lambda: provider.renew_lease("k", "a", TTL),
+        lambda: provider.release_lease("k", "a"),
+    ):
+        with pytest.raises(LeaseBackendError) as info:
+            call()
+        assert isinstance(info.value.__cause__, ClientError)
+
+
+class _Body:
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self.body
+
+
+def _error(request: Any, status: int, kind: str) -> AWSResponse:
+    body = f'{{"__type":"com.amazonaws.dynamodb.v20120810#{kind}","message":"injected"}}'
+    headers = {"Content-Type": "application/x-amz-json-1.0"}
+    return AWSResponse(request.url, status, headers, _Body(body.encode()))
+
+
+class Throttle:
+    """Answers the first ``times`` requests with ThrottlingException, as DynamoDB does past a
+    partition's throughput."""
+
+    def __init__(self, provider: DynamoDBLeaseProvider, times: int) -> None:
+        self.remaining = times
+        self.attempts = 0
+        provider.client.meta.events.register("before-send.dynamodb.*", self)
+
+    def __call__(self, request: Any, **_: Any) -> AWSResponse | None:
+        self.attempts += 1
+        if self.remaining <= 0:
+            return None
+        self.remaining -= 1
+        return _error(request, 400, "ThrottlingException")
+
+
+def test_throttling_is_retried_then_surfaces_as_a_backend_error(make: Make) -> None:
+    provider = make(retry_config=Config(retries={"mode": "standard", "total_max_attempts": 2}))
+    throttle = Throttle(provider, times=100)
+    with pytest.raises(LeaseBackendError) as info:
+        provider.acquire_lease("k", "a", TTL)
+    assert throttle.attempts == 2  # botocore's retry ran before the error reached us
+    assert isinstance(info.value.__cause__, ClientError)
+    assert make().get_lease_owner("k") is None
+
+
+def test_a_throttle_that_passes_is_invisible(make: Make) -> None:
+    provider = make()
+    throttle = Throttle(provider, times=1)
+    assert provider.acquire_lease("k", "a", TTL).acquired
+    assert throttle.attempts == 2
+
+
+# -- retries of writes that were applied but whose reply was lost --------------------------------
+
+
+class LoseReply:
+    """Sends the ``skip``+1-th request of ``operation`` to the server itself, then tells botocore
+    it failed with a 500, as when a connection drops after DynamoDB applied a write. botocore
+    then retries the very same request, which meets its own applied write."""
+
+    def __init__(self, provider: DynamoDBLeaseProvider, operation: str, skip: int = 0) -> None:
+        self.skip = skip
+        self.lost = 0
+        self.http = urllib3.PoolManager()
+        provider.client.meta.events.register(f"before-send.dynamodb.{operation}", self)
+
+    def __call__(self, request: Any, **_: Any) -> AWSResponse | None:
+        if self.skip > 0:
+            self.skip -= 1
+            return None
+        if self.lost:
+            return None
+        self.lost += 1
+        headers = {k: v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()}
+        sent = self.http.request(request.method, request.url, body=request.body, headers=headers)
+        assert sent.status in (200, 400)
+        return _error(request, 500, "InternalServerError")
+
+
+def test_a_retried_acquire_that_was_applied_is_acquired(make: Make) -> None:
+    provider = make()
+    lost = LoseReply(provider, "UpdateItem")
+    result = provider.acquire_lease("k", "a", TTL)
+    assert lost.lost == 1
+    assert result.acquired and result.token == provider.inspect_key("k").token
+
+
+def test_a_retried_transfer_that_was_applied_reports_success(make: Make) -> None:
+    provider = make()
+    first = provider.acquire_lease("k", "a", TTL)
+    lost = LoseReply(provider, "UpdateItem")
+    assert provider.transfer_lease("k", "a", "b", TTL) is True
+    assert lost.lost == 1
+    state = provider.inspect_key("k")
+    assert state.owner == "b" and state.token == (first.token or 0) + 1  # one grant, not two
+
+
+def test_a_retried_renew_and_release_are_harmless(make: Make) -> None:
+    provider = make()
+    provider.acquire_lease("k", "a", TTL)
+    LoseReply(provider, "UpdateItem")
+    assert provider.renew_lease("k", "a", TTL) is True
+    LoseReply(provider, "UpdateItem")
+    provider.release_lease("k", "a")
+    assert provider.get_lease_owner("k") is None
+
+
+def test_a_retried_enqueue_is_queued_once(make: Make) -> None:
+    provider = make()
+    provider.acquire_lease("k", "owner", TTL)
+    LoseReply(provider, "UpdateItem", skip=1)  # the append (after the refused grant)
+    result = provider.acquire_or_enqueue("k", Signal("s1", {"n": 1}), TTL)
+    assert (result.acquired, result.owner, result.position) == (False, "owner", 1)
+    assert [(s.id, s.payload) for s in provider.take_signals("k", "owner", 10)] == [
+        ("s1", {"n": 1})
+    ]
+
+
+def test_a_retried_take_returns_its_batch(make: Make) -> None:
+    provider = make()
+    provider.acquire_lease("k", "owner", TTL)
+    for n in range(3):
+        provider.acquire_or_enqueue("k", Signal(f"s{n}", {"n": n}), TTL)
+    lost = LoseReply(provider, "UpdateItem")
+    taken = provider.take_signals("k", "owner", 2)
+    assert lost.lost == 1
+    assert [s.id for s in taken] == ["s0", "s1"]  # not lost, not skipped
+    assert [s.id for s in provider.take_signals("k", "owner", 10)] == ["s2"]
+    assert provider.inspect_key("k").in_flight == ("s0", "s1", "s2")
+
+
+def test_a_retried_hand_off_returns_the_next_owner(make: Make) -> None:
+    provider = make()
+    held = provider.acquire_lease("k", "owner", TTL)
+    provider.acquire_or_enqueue("k", Signal("s1", {"n": 1}), TTL)
+    provider.acquire_or_enqueue("k", Signal("s2", {"n": 2}), TTL)
+    LoseReply(provider, "UpdateItem")
+    nxt = provider.transfer_to_next("k", "owner", TTL)
+    assert nxt is not None and nxt.id == "s1" and nxt.payload == {"n": 1}
+    assert nxt.token == (held.token or 0) + 1
+    assert provider.inspect_key("k").owner == "s1"
+    assert provider.pending_signals("k") == 1
+
+
+def test_a_retried_claim_is_claimed_once(make: Make) -> None:
+    provider = make()
+    provider.acquire_lease("k", "owner", TTL)
+    provider.acquire_or_enqueue("k", Signal("s1", {"n": 1}), TTL)
+    nxt = provider.transfer_to_next("k", "owner", TTL, claim=False)
+    assert nxt is not None and nxt.token is not None
+    LoseReply(provider, "UpdateItem")
+    claimed = provider.claim_signal("k", "s1", nxt.token, TTL)
+    assert claimed is not None and claimed.payload == {"n": 1}
+    assert provider.claim_signal("k", "s1", nxt.token, TTL) is None
+
+
+def test_a_retried_adoption_is_reported(make: Make) -> None:
+    clock = Clock()
+    provider = make(clock=clock.offset(0))
+    provider.acquire_lease("k", "dead", 1_000)
+    provider.acquire_or_enqueue("k", Signal("s1", {"n": 1}), TTL)
+    clock.now += 5_000
+    LoseReply(provider, "UpdateItem")
+    adopted = provider.adopt_orphans(TTL, 10)
+    assert [(key, s.id) for key, s in adopted] == [("k", "s1")]
+    assert provider.get_lease_owner("k") == "s1"
+
+
+# -- the orphan index -----------------------------------------------------------------------------
+
+
+def test_adopt_orphans_queries_the_index_and_never_scans(make: Make) -> None:
+    provider = make(orphan_shards=4)
+    sent: list[str] = []
+    provider.client.meta.events.register(
+        "before-send.dynamodb.*", lambda event_name, **_: sent.append(event_name.split(".")[-1])
+    )
+    for k in range(20):  # keys without pending signals are not in the index at all
+        provider.acquire_lease(f"plain-{k}", "owner", 1)
+    sent.clear()
+    assert provider.adopt_orphans(TTL, 10) == []
+    assert sent == ["Query"] * 4
+
+
+def test_a_renewed_owner_is_re_indexed_not_adopted(make: Make) -> None:
+    clock = Clock()
+    start = clock.now
+    provider = make(clock=clock.offset(0))
+    provider.acquire_or_enqueue("k", Signal("owner", {"n": 0}), 2_000)
+    provider.acquire_or_enqueue("k", Signal("s1", {"n": 1}), TTL)
+    clock.now = start + 1_000
+    assert provider.renew_lease("k", "owner", 10_000)  # renewals do not touch the index
+    clock.now = start + 5_000  # past the indexed deadline (plus margin), inside the renewal
+    assert provider.adopt_orphans(TTL, 10) == []
+    assert int(raw_item(provider, "k")["gx"]["N"]) == start + 11_000  # moved to the deadline
+    clock.now = start + 13_000
+    adopted = provider.adopt_orphans(TTL, 10)
+    assert [s.id for _, s in adopted] == ["owner"]  # its own signal first, then s1
+
+
+def test_a_completed_key_leaves_the_index(make: Make) -> None:
+    provider = make()
+    provider.acquire_or_enqueue("k", Signal("s0", {}), TTL)
+    assert "gp" in raw_item(provider, "k")
+    assert provider.transfer_to_next("k", "s0", TTL) is None
+    assert "gp" not in raw_item(provider, "k")
+
+
+# -- payload items --------------------------------------------------------------------------------
+
+
+def test_completed_payloads_are_deleted(make: Make) -> None:
+    provider = make()
+    provider.acquire_or_enqueue("k", Signal("s0", {"n": 0}), TTL)
+    provider.acquire_or_enqueue("k", Signal("s1", {"n": 1}), TTL)
+    ref0 = payload_ref(provider, "k", "s0")
+    nxt = provider.transfer_to_next("k", "s0", TTL)
+    assert nxt is not None and nxt.id == "s1"
+    ref1 = payload_ref(provider, "k", "s1")
+    assert raw_item(provider, "k", "sig#" + ref0) == {}
+    assert raw_item(provider, "k", "sig#" + ref1) != {}
+    provider.release_lease("k", "s1")
+    assert raw_item(provider, "k", "sig#" + ref1) == {}
+
+
+def test_payloads_removed_by_ttl_are_skipped(make: Make) -> None:
+    provider = make()
+    provider.acquire_lease("k", "owner", TTL)
+    for n in range(4):
+        provider.acquire_or_enqueue("k", Signal(f"s{n}", {"n": n}), TTL)
+    expire_payload(provider, "k", "s0")
+    expire_payload(provider, "k", "s2")
+    assert [s.id for s in provider.inspect_key("k").queued] == ["s1", "s3"]
+    nxt = provider.transfer_to_next("k", "owner", TTL)
+    assert nxt is not None and nxt.id == "s1"  # s0's payload is gone: it cannot run
+    assert [s.id for s in provider.take_signals("k", "s1", 10)] == ["s3"]
