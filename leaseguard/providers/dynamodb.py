@@ -785,6 +785,8 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                     continue
             taken_ids += ids
             taken_refs += refs
+            if n == len(lease.queue):
+                break  # we took all there was; later arrivals wait for the next call
         payloads = self._payloads(key, taken_refs)
         return [
             decode_signal(signal_id, payloads[ref])
