@@ -19,8 +19,8 @@ splits our cycle into server work, redis-py and leaseguard's own Python.
     .venv/bin/python bench/redis_ops.py                   # starts its own redis-server
     .venv/bin/python bench/redis_ops.py --redis-url redis://127.0.0.1:6379/0
 
-On a server of your own (``--redis-url``) it writes only keys under a fresh ``bench-*:``
-prefix, which expire within a minute. Numbers are never asserted anywhere: see
+On a server of your own (``--redis-url``) it writes only keys whose names contain a fresh
+``bench-*:`` prefix, and they expire within a minute. Numbers are never asserted anywhere: see
 docs/benchmarks.md for recorded runs.
 """
 
@@ -332,7 +332,7 @@ def server_us(client: redis.Redis, commands: tuple[str, ...], call: Callable[[],
 
 def breakdown(bench: Bench, measurements: list[Measurement], ops: int, own_server: bool) -> str:
     provider, client = bench.provider, bench.client
-    key, owner = "breakdown", "bench"
+    key, owner = f"{bench.prefix}breakdown", "bench"
     keys = provider.redis_keys(key)
     sha_a, sha_r = provider._acquire_script.sha, provider._release_script.sha
     ours_args = [
