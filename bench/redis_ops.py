@@ -42,7 +42,7 @@ from typing import Any
 
 import redis
 
-from leaseguard.providers.redis import RedisLeaseProvider
+from leaseguard.providers.redis import ACQUIRE_LUA, RELEASE_LUA, RedisLeaseProvider
 from leaseguard.testing import RedisServer
 
 TTL_MS = 30_000
@@ -211,15 +211,15 @@ class Bench:
         building, no reply parsing. What the cycle would cost with zero leaseguard Python."""
         (key,) = self.fresh("bare", 1)
         keys = self.provider.redis_keys(key)
-        acquire_sha = self.provider._acquire_script.sha
-        release_sha = self.provider._release_script.sha
-        acquire_args = (*keys, key, "bench", TTL_MS)
+        acquire_sha = ACQUIRE_LUA.sha
+        release_sha = RELEASE_LUA.sha
+        acquire_args = (keys[0], key, "bench", TTL_MS)  # acquire declares the lease key only
         release_args = (*keys, key, "bench")
         evalsha = self.client.evalsha
 
         def run() -> None:
             for _ in range(ops):
-                evalsha(acquire_sha, 5, *acquire_args)
+                evalsha(acquire_sha, 1, *acquire_args)
                 evalsha(release_sha, 5, *release_args)
 
         return run, lambda: None
@@ -287,32 +287,30 @@ def python_cost_us(fn: Callable[[], Any], loops: int = 20_000) -> float:
 
 
 class _NoIO:
-    """Stands in for the Redis client of a provider's scripts: answers EVALSHA at once with a
-    canned reply, so timing the public API through it leaves leaseguard's own Python."""
+    """Stands in for a provider's Redis client: answers EVALSHA at once with a canned reply, so
+    timing the public API through it leaves leaseguard's own Python."""
 
     def __init__(self, replies: dict[str, Any]) -> None:
         self.replies = replies
 
-    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+    def execute_command(self, command: str, sha: str, *keys_and_args: Any) -> Any:
         return self.replies[sha]
 
 
 def leaseguard_python_us(client: redis.Redis) -> float:
-    """Validation, key names, redis-py's Script call and reply parsing of one acquire and one
+    """Validation, key names, the EVALSHA call and reply parsing of one acquire and one
     release, minus the stand-in's own cost."""
     provider = RedisLeaseProvider(client, prefix="python-only:")
-    acquire, release = provider._acquire_script, provider._release_script
-    stub = _NoIO({acquire.sha: [1, b"bench", b"1732880000123456"], release.sha: 1})
-    acquire.registered_client = stub  # type: ignore[assignment]
-    release.registered_client = stub  # type: ignore[assignment]
+    stub = _NoIO({ACQUIRE_LUA.sha: [1, b"bench", b"1732880000123456"], RELEASE_LUA.sha: 1})
+    provider.client = stub  # type: ignore[assignment]
     keys = provider.redis_keys("k")
     public = python_cost_us(
         lambda: (provider.acquire_lease("k", "bench", TTL_MS), provider.release_lease("k", "bench"))
     )
     floor = python_cost_us(
         lambda: (
-            stub.evalsha(acquire.sha, 5, *keys, "k", "bench", TTL_MS),
-            stub.evalsha(release.sha, 5, *keys, "k", "bench"),
+            stub.execute_command("EVALSHA", ACQUIRE_LUA.sha, 1, keys[0], "k", "bench", TTL_MS),
+            stub.execute_command("EVALSHA", RELEASE_LUA.sha, 5, *keys, "k", "bench"),
         )
     )
     return public - floor
@@ -334,10 +332,9 @@ def breakdown(bench: Bench, measurements: list[Measurement], ops: int, own_serve
     provider, client = bench.provider, bench.client
     key, owner = f"{bench.prefix}breakdown", "bench"
     keys = provider.redis_keys(key)
-    sha_a, sha_r = provider._acquire_script.sha, provider._release_script.sha
     ours_args = [
-        ("EVALSHA", sha_a, 5, *keys, key, owner, TTL_MS),
-        ("EVALSHA", sha_r, 5, *keys, key, owner),
+        ("EVALSHA", ACQUIRE_LUA.sha, 1, keys[0], key, owner, TTL_MS),
+        ("EVALSHA", RELEASE_LUA.sha, 5, *keys, key, owner),
     ]
     raw_args = [("SET", key, owner, "NX", "PX", TTL_MS), ("DEL", key)]
     packer = client.connection_pool.make_connection()  # never connected: it only encodes
@@ -350,7 +347,7 @@ def breakdown(bench: Bench, measurements: list[Measurement], ops: int, own_serve
     rows: list[tuple[str, float, float]] = [
         ("wall time of one cycle (median round, table above)", ours.us_per_op(ops),
          raw.us_per_op(ops)),
-        ("leaseguard Python: checks, key names, Script call, reply parsing",
+        ("leaseguard Python: checks, key names, EVALSHA call, reply parsing",
          leaseguard_python_us(client), 0.0),
         ("redis-py request encoding (pack_command)", pack_us(ours_args), pack_us(raw_args)),
     ]  # fmt: skip

@@ -69,6 +69,10 @@ class LeaseHandle:
 
     @property
     def lost(self) -> bool:
+        """True once a renewal failed or was refused, or once the TTL has run out since the
+        last successful renewal was sent (a renewal stuck in client retries does not count)."""
+        if self.lost_reason is None and time.monotonic() >= self._valid_until:
+            self.mark_lost("no renewal succeeded within the TTL")
         return self.lost_reason is not None
 
     @property
@@ -79,8 +83,7 @@ class LeaseHandle:
 
     def check(self) -> None:
         """Raise :class:`~leaseguard.errors.LeaseLostError` unless the lease is still held."""
-        if self.lost or self.remaining_ms == 0:
-            self.mark_lost(self.lost_reason or "lease expired before it could be renewed")
+        if self.lost:
             raise LeaseLostError(self.key, self.owner)
 
     def take_signals(self, limit: int = 10) -> list[Signal]:

@@ -797,7 +797,16 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
     def _transfer_to_next(self, key: str, owner: str, ttl_ms: int, claim: bool) -> Signal | None:
         for _ in range(_OPTIMISTIC_ATTEMPTS):
             now, cutoff = self._times()
-            lease = self._read(key)
+            # Most owners finish with nothing queued, so first try to release in one write,
+            # conditional on the queue being empty (a forwarder that appended meanwhile makes
+            # it fail: no lost wakeup). A refusal's ALL_OLD image is the consistent snapshot
+            # the hand-off works from, so no separate read is needed.
+            released = self._release_if_idle(key, owner, now)
+            if not isinstance(released, _Lease):
+                if released:
+                    self._delete_signals(key, released)
+                return None
+            lease = released
             if not lease.live_owner(owner, now) or lease.token is None:
                 if lease.previous == owner:  # a retry of a step that was applied
                     holder = lease.holder(cutoff)
@@ -809,12 +818,34 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                         if stored is not None:
                             return decode_signal(holder, stored, lease.token)
                 raise LeaseLostError(key, owner, lease.holder(cutoff))
+            if not lease.queue:
+                continue  # emptied between the two (cannot happen with one owner): again
             result = self._hand_off(key, lease, owner, ttl_ms, claim, now)
             if not isinstance(result, _Retry):
                 if lease.in_flight_refs:
                     self._delete_signals(key, lease.in_flight_refs)
                 return result
         raise LeaseBackendError(f"transfer_to_next on {key!r} did not settle")
+
+    def _release_if_idle(self, key: str, owner: str, now: int) -> tuple[str, ...] | _Lease:
+        """Release when ``owner`` holds the key and nothing is queued: returns the payload
+        refs it completed. Otherwise nothing changes and the item as it stands is returned."""
+        nonce = _nonce()
+        try:
+            old = self._update(
+                key,
+                "SET #p = :me, #w = :w, #ttl = :ttl"
+                " REMOVE #o, #c, #k, #kn, #f, #fn, #q, #qn, #gp, #gx",
+                f"{_LIVE_OWNER} AND (attribute_not_exists(#q) OR size(#q) = :zero)",
+                {":me": owner, ":now": now, ":zero": 0, ":w": nonce, ":ttl": self._ttl(now)},
+                returns="ALL_OLD",
+            )
+        except _ConditionFailed as failed:
+            old_lease = failed.lease
+            if old_lease.write_id == nonce:  # a botocore retry of this very release
+                return ()
+            return old_lease
+        return _strings(old, "fn")
 
     def _hand_off(
         self, key: str, lease: _Lease, owner: str, ttl_ms: int, claim: bool, now: int

@@ -25,9 +25,12 @@ changes owner less than once per microsecond (each change is a separate script r
 from __future__ import annotations
 
 import functools
+import hashlib
 import time
 import uuid
 from binascii import crc_hqx
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -41,15 +44,24 @@ from .base import BaseLeaseProvider
 if TYPE_CHECKING:
     from redis import Redis
     from redis.cluster import RedisCluster
-    from redis.commands.core import Script
 
 CLUSTER_SLOTS = 16384
 
 
-def _lua(name: str) -> str:
+@dataclass(frozen=True)
+class LuaScript:
+    """A script's text and SHA1, computed once at import; run by EVALSHA."""
+
+    name: str
+    text: str
+    sha: str
+
+
+def _lua(name: str) -> LuaScript:
     package = resources.files("leaseguard.providers") / "lua"
     prelude = (package / "_prelude.lua").read_text(encoding="utf-8")
-    return prelude + "\n" + (package / f"{name}.lua").read_text(encoding="utf-8")
+    text = prelude + "\n" + (package / f"{name}.lua").read_text(encoding="utf-8")
+    return LuaScript(name, text, hashlib.sha1(text.encode("utf-8")).hexdigest())
 
 
 ACQUIRE_LUA = _lua("acquire")
@@ -62,6 +74,7 @@ TRANSFER_TO_NEXT_LUA = _lua("transfer_to_next")
 CLAIM_SIGNAL_LUA = _lua("claim_signal")
 ADOPT_LUA = _lua("adopt")
 INSPECT_LUA = _lua("inspect")
+_KEY_CACHE_SIZE = 4096
 
 
 def escape_key(key: str) -> str:
@@ -117,22 +130,15 @@ class RedisLeaseProvider(BaseLeaseProvider):
         super().__init__(max_payload_bytes=max_payload_bytes)
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
             raise InvalidLeaseArgument("prefix must be a str without '{' or '}'")
+        import redis
         from redis.cluster import RedisCluster
 
         self.client = client
         self.prefix = prefix
         self.cluster = isinstance(client, RedisCluster)
-        register = client.register_script
-        self._acquire_script = register(ACQUIRE_LUA)
-        self._renew_script = register(RENEW_LUA)
-        self._release_script = register(RELEASE_LUA)
-        self._transfer_script = register(TRANSFER_LUA)
-        self._enqueue_script = register(ACQUIRE_OR_ENQUEUE_LUA)
-        self._take_script = register(TAKE_SIGNALS_LUA)
-        self._next_script = register(TRANSFER_TO_NEXT_LUA)
-        self._claim_script = register(CLAIM_SIGNAL_LUA)
-        self._adopt_script = register(ADOPT_LUA)
-        self._inspect_script = register(INSPECT_LUA)
+        self._keys: dict[str, list[str]] = {}
+        self._redis_error = redis.exceptions.RedisError
+        self._no_script = redis.exceptions.NoScriptError
 
     @classmethod
     def from_url(
@@ -151,11 +157,16 @@ class RedisLeaseProvider(BaseLeaseProvider):
         if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
             raise InvalidLeaseArgument("url must start with redis://, rediss:// or unix://")
         import redis
+        from redis.backoff import ExponentialWithJitterBackoff
         from redis.cluster import RedisCluster
+        from redis.retry import Retry
 
         options: dict[str, Any] = {
             "socket_timeout": socket_timeout,
             "socket_connect_timeout": socket_timeout,
+            # redis-py's default (10 retries, backoff up to 1 s) would hold a renewal far past
+            # a typical TTL; every script is safe to resend after an ambiguous failure.
+            "retry": Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.1), 3),
             **client_options,
         }
         try:
@@ -172,52 +183,61 @@ class RedisLeaseProvider(BaseLeaseProvider):
 
     def redis_keys(self, key: str) -> list[str]:
         """The Redis keys a script for ``key`` touches, in the scripts' KEYS order."""
-        tag = escape_key(key)
-        base = f"{self.prefix}{{{tag}}}"
-        return [
-            f"{base}:lease",
-            f"{base}:queue",
-            f"{base}:signals",
-            f"{base}:inflight",
-            self._index_key(key_slot(tag)),
-        ]
+        keys = self._keys.get(key)
+        if keys is None:
+            tag = escape_key(key)
+            base = f"{self.prefix}{{{tag}}}"
+            index = self._index_key(key_slot(tag) if self.cluster else 0)
+            keys = [f"{base}:lease", f"{base}:queue", f"{base}:signals", f"{base}:inflight", index]
+            if len(self._keys) >= _KEY_CACHE_SIZE:
+                self._keys.clear()
+            self._keys[key] = keys
+        return keys
 
     def _index_key(self, slot: int) -> str:
         if self.cluster:
             return f"{self.prefix}{{{slot_tags()[slot]}}}:index"
         return f"{self.prefix}index"
 
-    def _run(self, script: Script, key: str, *args: str | int) -> Any:
-        import redis
-
+    def _run(self, script: LuaScript, key: str, *args: str | int, lease_only: bool = False) -> Any:
+        keys = self.redis_keys(key)
+        if lease_only:  # scripts that touch nothing but the lease hash declare only it
+            keys = keys[:1]
+        command = ("EVALSHA", script.sha, len(keys), *keys, key, *args)
+        # execute_command, not Script.__call__: a third of the client-side cost of a call
+        execute: Callable[..., Any] = self.client.execute_command
         try:
-            return script(keys=self.redis_keys(key), args=[key, *args])
-        except redis.exceptions.RedisError as exc:
-            raise LeaseBackendError(f"Redis lease operation on {key!r} failed: {exc}") from exc
+            try:
+                return execute(*command)
+            except self._no_script:
+                self.client.script_load(script.text)  # Cluster loads it on every primary
+                return execute(*command)
+        except self._redis_error as exc:
+            raise LeaseBackendError(
+                f"Redis {script.name} on {key!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
 
     # -- the contract ---------------------------------------------------------------------------
 
     def _acquire(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        acquired, holder, token = self._run(self._acquire_script, key, owner, ttl_ms)
+        acquired, holder, token = self._run(ACQUIRE_LUA, key, owner, ttl_ms, lease_only=True)
         return LeaseResult(bool(acquired), _text(holder), int(token))
 
     def _get_owner(self, key: str) -> str | None:
-        import redis
-
         try:
             holder = self.client.hget(self.redis_keys(key)[0], "o")
-        except redis.exceptions.RedisError as exc:
+        except self._redis_error as exc:
             raise LeaseBackendError(f"Redis read of {key!r} failed: {exc}") from exc
         return None if holder is None else _text(holder)
 
     def _release(self, key: str, owner: str) -> None:
-        self._run(self._release_script, key, owner)
+        self._run(RELEASE_LUA, key, owner)
 
     def _renew(self, key: str, owner: str, ttl_ms: int) -> bool:
-        return bool(self._run(self._renew_script, key, owner, ttl_ms))
+        return bool(self._run(RENEW_LUA, key, owner, ttl_ms))
 
     def _transfer(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        reply = self._run(self._transfer_script, key, from_owner, to_owner, ttl_ms)
+        reply = self._run(TRANSFER_LUA, key, from_owner, to_owner, ttl_ms)
         return bool(reply[0])
 
     # -- the signal queue -----------------------------------------------------------------------
@@ -225,7 +245,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
     def _acquire_or_enqueue(
         self, key: str, signal: Signal, record: str, ttl_ms: int
     ) -> LeaseResult:
-        reply = self._run(self._enqueue_script, key, signal.id, record, ttl_ms)
+        reply = self._run(ACQUIRE_OR_ENQUEUE_LUA, key, signal.id, record, ttl_ms)
         holder, token = _text(reply[1]), int(reply[2])
         if reply[0] == 1:
             adopted = decode_signal(holder, reply[3], token) if len(reply) > 3 else None
@@ -233,13 +253,13 @@ class RedisLeaseProvider(BaseLeaseProvider):
         return LeaseResult(False, holder, token, position=int(reply[3]) or None)
 
     def _take(self, key: str, owner: str, limit: int) -> list[Signal]:
-        reply = self._run(self._take_script, key, owner, limit, uuid.uuid4().hex)
+        reply = self._run(TAKE_SIGNALS_LUA, key, owner, limit, uuid.uuid4().hex)
         if reply[0] != 1:
             raise LeaseLostError(key, owner, _text(reply[1]) or None)
         return [decode_signal(_text(i), s) for i, s in zip(reply[1::2], reply[2::2], strict=True)]
 
     def _transfer_to_next(self, key: str, owner: str, ttl_ms: int, claim: bool) -> Signal | None:
-        reply = self._run(self._next_script, key, owner, ttl_ms, int(claim))
+        reply = self._run(TRANSFER_TO_NEXT_LUA, key, owner, ttl_ms, int(claim))
         if reply[0] == 0:
             raise LeaseLostError(key, owner, _text(reply[1]) or None)
         if reply[0] == 2:
@@ -247,21 +267,19 @@ class RedisLeaseProvider(BaseLeaseProvider):
         return decode_signal(_text(reply[1]), reply[3], int(reply[2]))
 
     def _claim(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:
-        reply = self._run(self._claim_script, key, owner, str(token), ttl_ms)
+        reply = self._run(CLAIM_SIGNAL_LUA, key, owner, str(token), ttl_ms)
         return decode_signal(owner, reply[1], token) if reply[0] == 1 else None
 
     def _pending(self, key: str) -> int:
-        import redis
-
         try:
             return int(self.client.llen(self.redis_keys(key)[1]))
-        except redis.exceptions.RedisError as exc:
+        except self._redis_error as exc:
             raise LeaseBackendError(f"Redis read of {key!r} failed: {exc}") from exc
 
     def _adopt(self, ttl_ms: int, limit: int, claim: bool) -> list[tuple[str, Signal]]:
         adopted: list[tuple[str, Signal]] = []
         for key in self._orphan_candidates(limit):
-            reply = self._run(self._adopt_script, key, ttl_ms, int(claim))
+            reply = self._run(ADOPT_LUA, key, ttl_ms, int(claim))
             if reply[0] == 1:
                 adopted.append((key, decode_signal(_text(reply[1]), reply[3], int(reply[2]))))
         return adopted
@@ -285,7 +303,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
         return [_text(m) for m in found[:limit]]
 
     def _inspect(self, key: str) -> KeyState:
-        owner, token, pttl, queued, in_flight = self._run(self._inspect_script, key)
+        owner, token, pttl, queued, in_flight = self._run(INSPECT_LUA, key)
         live = bool(_text(owner))
         return KeyState(
             key=key,

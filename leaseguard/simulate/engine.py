@@ -42,6 +42,7 @@ from leaseguard.renewal import current_lease
 from leaseguard.testing.context import LambdaContext
 
 Record = dict[str, Any]
+MAX_ERROR_RETRIES = 3  # like Lambda's async retries: a delivery that keeps failing is dropped
 _INVOCATION: contextvars.ContextVar[str] = contextvars.ContextVar("simulated_invocation")
 
 
@@ -341,8 +342,18 @@ def _worker_loop(
 
 
 def _process_main(
-    worker: int, config: SimulationConfig, log_dir: str, inbox: Any, outbox: Any, current: Any
+    worker: int,
+    config: SimulationConfig,
+    log_dir: str,
+    inbox: Any,
+    outbox: Any,
+    current: Any,
+    environ: dict[str, str],
 ) -> None:
+    # The forkserver kept the environment it started with; credentials and endpoints must be
+    # the coordinator's as of this run.
+    os.environ.clear()
+    os.environ.update(environ)
     _worker_loop(worker, config, config.provider.build(), log_dir, inbox, outbox, current)
 
 
@@ -359,6 +370,7 @@ class Simulation:
         self.outstanding: set[int] = set()
         self.adopted = 0
         self.kills: list[Record] = []
+        self.dropped: list[Record] = []
         self._lock = threading.Lock()
         self._done_events = 0
 
@@ -406,7 +418,7 @@ class Simulation:
         for proc in workers:
             proc.join(10)
         finished = time.monotonic_ns()
-        records = self._read(log_dir) + self.kills
+        records = self._read(log_dir) + self.kills + self.dropped
         stuck = {} if quiesced else self._stuck_keys()
         return SimulationResult(
             config,
@@ -439,7 +451,15 @@ class Simulation:
             return thread
         proc = context.Process(
             target=_process_main,
-            args=(worker, self.config, log_dir, self.inbox, self.outbox, self.current),
+            args=(
+                worker,
+                self.config,
+                log_dir,
+                self.inbox,
+                self.outbox,
+                self.current,
+                dict(os.environ),
+            ),
             daemon=True,
         )
         proc.start()
@@ -477,9 +497,18 @@ class Simulation:
                 with self._lock:
                     self.outstanding.discard(message[1])
                     delivery = self.deliveries[message[1]]
-                if message[2] == "error":
+                if message[2] == "error" and delivery.attempt < MAX_ERROR_RETRIES:
                     self._deliver(
                         delivery.kind, delivery.body, delivery.attempt + 1, delivery.index
+                    )
+                elif message[2] == "error":
+                    self.dropped.append(
+                        {
+                            "type": "dropped",
+                            "inv": delivery.invocation,
+                            "event": delivery.body.get("id"),
+                            "t": time.monotonic_ns(),
+                        }
                     )
                 elif delivery.kind == "event" and delivery.attempt == 0:
                     self._done_events += 1

@@ -203,6 +203,14 @@ class RedisClusterServers:
         return [n.pid for n in self.nodes if n.pid is not None]
 
     def start(self) -> RedisClusterServers:
+        try:
+            self._form()
+        except BaseException:
+            self.stop()  # never leave half a cluster running
+            raise
+        return self
+
+    def _form(self) -> None:
         import redis
 
         for node in self.nodes:
@@ -220,7 +228,6 @@ class RedisClusterServers:
         finally:
             for client in clients:
                 client.close()
-        return self
 
     def _wait_for_ok(self, clients: list[Any]) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_S

@@ -23,8 +23,8 @@ end
 
 -- One above the last token, and never below the server clock in microseconds: the clock keeps
 -- tokens rising after the lease hash expired or was lost in a restart.
-local function next_token()
-  local last = tonumber(redis.call('HGET', lease, 't') or '0')
+local function next_token(last)
+  last = tonumber(last or redis.call('HGET', lease, 't') or '0')
   local floor = now_us()
   if last + 1 > floor then
     return last + 1
@@ -32,12 +32,19 @@ local function next_token()
   return floor
 end
 
-local function grant(owner, ttl, claimed, previous)
-  local token = next_token()
-  redis.call('DEL', lease)
+-- `last` is the token when the caller already read it. Fields of an earlier owner that are not
+-- overwritten here (k, kn: a take nonce) only ever match that owner's own retries.
+local function grant(owner, ttl, claimed, previous, last)
+  local token = next_token(last)
   redis.call('HSET', lease, 'o', owner, 't', fmt(token), 'c', claimed, 'p', previous)
   redis.call('PEXPIRE', lease, ttl)
   return token
+end
+
+-- Whether the key has queued or in-flight signals; without any, the queue bookkeeping (and the
+-- index, which sync_index already cleared at the last change) can be skipped.
+local function has_work()
+  return redis.call('EXISTS', queue, inflight) > 0
 end
 
 local function free(owner)

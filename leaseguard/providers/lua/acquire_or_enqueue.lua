@@ -19,8 +19,8 @@ if cur[1] then
   local pos = redis.call('LPOS', queue, id)
   return {0, cur[1], cur[2], pos and (pos + 1) or 0}
 end
-if redis.call('LLEN', queue) == 0 and redis.call('LLEN', inflight) == 0 then
-  local token = grant(id, ttl, '1', '')
+if not has_work() then
+  local token = grant(id, ttl, '1', '', cur[2])
   redis.call('HSET', sigs, id, stored)
   redis.call('RPUSH', inflight, id)
   sync_index()

@@ -3,7 +3,11 @@ local owner = ARGV[2]
 if redis.call('HGET', lease, 'o') ~= owner then
   return 0
 end
-complete()
-free(owner)
-sync_index()
+if has_work() then
+  complete()
+  free(owner)
+  sync_index()
+else
+  free(owner)
+end
 return 1

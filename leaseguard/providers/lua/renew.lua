@@ -3,5 +3,7 @@ if redis.call('HGET', lease, 'o') ~= ARGV[2] then
   return 0
 end
 redis.call('PEXPIRE', lease, ARGV[3])
-sync_index() -- keep the orphan index's deadline with the lease, or the sweeper re-checks it
+if has_work() then
+  sync_index() -- keep the orphan index's deadline with the lease, or the sweeper re-checks it
+end
 return 1

@@ -7,7 +7,12 @@ end
 if cur[1] ~= from then
   return {0}
 end
-complete()
-local token = grant(to, ttl, '1', from)
-sync_index()
+local work = has_work()
+if work then
+  complete()
+end
+local token = grant(to, ttl, '1', from, cur[3])
+if work then
+  sync_index()
+end
 return {1, fmt(token)}
