@@ -113,6 +113,16 @@ def test_documented_costs_of_the_other_steps(make: Callable[..., Counted]) -> No
     # A signal on a held key: payload, the refused grant (which names the holder), the append.
     held = p.requests(lambda q: q.acquire_or_enqueue("k", Signal("s2", {"n": 2}), TTL))
     assert held == ["PutItem", "UpdateItem", "UpdateItem"]
+    # Completion with nothing queued: a release conditional on the empty queue, then the
+    # finished signal's payload is deleted.
+    done = p.requests(lambda q: q.transfer_to_next("free", "s1", TTL))
+    assert done == ["UpdateItem", "BatchWriteItem"]
+    # A hand-off: the refused release is the snapshot, then the head's payload, the grant and
+    # the deletion of the finished signal's payload.
+    p.provider.acquire_or_enqueue("h", Signal("s3", {"n": 3}), TTL)
+    p.provider.acquire_or_enqueue("h", Signal("s4", {"n": 4}), TTL)
+    handed = p.requests(lambda q: q.transfer_to_next("h", "s3", TTL))
+    assert handed == ["UpdateItem", "BatchGetItem", "UpdateItem", "BatchWriteItem"]
 
 
 def _wall_ms() -> int:
