@@ -149,3 +149,21 @@ def _boto3_client(service: Literal["lambda", "sqs"]) -> Any:
 
         _CLIENTS[service] = boto3.client(service)
     return _CLIENTS[service]
+
+
+def dispatch_orphans(
+    provider: Any, dispatcher: Dispatcher, ttl_ms: int, limit: int = 100
+) -> list[Envelope]:
+    """One sweeper pass: adopt keys whose owner died with signals pending and send each adopted
+    signal to an invocation that will claim it. A failed send is logged and skipped: the grant
+    expires unclaimed and the next pass adopts it again."""
+    sent: list[Envelope] = []
+    for key, signal in provider.adopt_orphans(ttl_ms, limit, claim=False):
+        envelope = Envelope(key, signal.id, signal.token or 0, signal.payload)
+        try:
+            dispatcher.dispatch(envelope)
+        except LeaseBackendError:
+            _log.exception("could not dispatch adopted signal %s of key %r", signal.id, key)
+            continue
+        sent.append(envelope)
+    return sent

@@ -84,7 +84,7 @@ class Delivery:
     """One delivery of an invocation to a worker. ``attempt`` counts platform retries."""
 
     index: int
-    kind: str  # event | envelope
+    kind: str  # event | handoff (an async Invoke by a handler) | sweep (sent by the sweeper)
     body: dict[str, Any]
     attempt: int = 0
 
@@ -182,7 +182,7 @@ class _PoolInvoker:
         self.submit = submit
 
     def invoke(self, FunctionName: str, InvocationType: str, Payload: bytes) -> dict[str, Any]:
-        self.submit("envelope", json.loads(Payload))
+        self.submit("handoff", json.loads(Payload))
         return {"StatusCode": 202}
 
 
@@ -361,11 +361,18 @@ class Simulation:
     """Coordinator: delivers the plan, retries crashed invocations, sweeps, waits for quiet."""
 
     def __init__(
-        self, config: SimulationConfig, progress: Callable[[int, int], None] | None = None
+        self,
+        config: SimulationConfig,
+        progress: Callable[[int, int], None] | None = None,
+        provider: BaseLeaseProvider | None = None,
     ) -> None:
+        """``provider`` replaces the one ``config.provider`` describes; with threads it is the
+        one every worker shares (how the tests run the checker against broken providers)."""
+        if provider is not None and not config.threads:
+            raise ValueError("a provider object can only be shared by threads")
         self.config = config
         self.progress = progress or (lambda done, total: None)
-        self.provider = config.provider.build()
+        self.provider = provider if provider is not None else config.provider.build()
         self.deliveries: dict[int, Delivery] = {}
         self.outstanding: set[int] = set()
         self.adopted = 0
@@ -483,12 +490,13 @@ class Simulation:
             for key, signal_ in adopted:
                 self.adopted += 1
                 envelope = Envelope(key, signal_.id, signal_.token or 0, signal_.payload)
-                self._deliver("envelope", envelope.to_event())
+                self._deliver("sweep", envelope.to_event())
 
     def _drain_outbox(self) -> None:
-        while True:
+        # Bounded, so a busy pool cannot starve the check for dead workers.
+        for n in range(256):
             try:
-                message = self.outbox.get(timeout=0.05)
+                message = self.outbox.get(timeout=0.02) if n == 0 else self.outbox.get_nowait()
             except queue.Empty:
                 return
             if message[0] == "submit":
@@ -506,6 +514,7 @@ class Simulation:
                         {
                             "type": "dropped",
                             "inv": delivery.invocation,
+                            "kind": delivery.kind,
                             "event": delivery.body.get("id"),
                             "t": time.monotonic_ns(),
                         }
@@ -529,6 +538,7 @@ class Simulation:
                         "type": "kill",
                         "worker": worker,
                         "inv": delivery.invocation,
+                        "kind": delivery.kind,
                         "event": delivery.body.get("id"),
                         "t": time.monotonic_ns(),
                     }
