@@ -7,7 +7,7 @@ an exception. Two documented exceptions: an acquire by the *current* owner (whic
 token, and a single update expression cannot both keep and raise it) sends a second, conditional
 refresh after the first write's ``ALL_OLD`` showed the caller already holds the key; and a
 release or transfer of a lease that carried in-flight signals deletes their payload items
-afterwards (one ``BatchWriteItem`` per 25). Plain leases never carry signals.
+afterwards (one ``BatchWriteItem`` per 25); only keys used through the signal queue have any.
 
 **Items.** One table, key ``pk`` (S) + ``sk`` (S), all of a key's items in one partition:
 
