@@ -349,3 +349,12 @@ def test_bad_queue_arguments_are_refused_without_change(
     with pytest.raises(InvalidLeaseArgument):
         bad_call(provider)
     assert state(provider) == before
+
+
+def test_plain_acquire_does_not_inherit_a_dead_owners_signals(provider: BaseLeaseProvider) -> None:
+    provider.acquire_or_enqueue(KEY, sig(1), SHORT)  # s1 owns the key; its event is in flight
+    expire()  # s1's process died
+    assert provider.acquire_lease(KEY, "plain-owner", TTL).acquired
+    provider.release_lease(KEY, "plain-owner")  # completes only what plain-owner received
+    adopted = provider.adopt_orphans(TTL, 10)
+    assert [(k, s.id) for k, s in adopted] == [(KEY, "s1")]  # delivered again, not lost

@@ -507,10 +507,15 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
             now, cutoff = self._times()
             nonce = _nonce()
             try:
+                # A dead owner's in-flight signals are not this owner's to complete: they go
+                # back to the head of the queue (the key stays in the orphan index).
                 attrs = self._update(
                     key,
                     "SET #o = :me, #e = :exp, #t = if_not_exists(#t, :floor) + :one, #c = :true,"
-                    " #w = :w, #ttl = :ttl REMOVE #p, #k, #kn",
+                    " #w = :w, #ttl = :ttl,"
+                    " #q = list_append(if_not_exists(#f, :empty), if_not_exists(#q, :empty)),"
+                    " #qn = list_append(if_not_exists(#fn, :empty), if_not_exists(#qn, :empty))"
+                    " REMOVE #p, #k, #kn, #f, #fn",
                     _FREE_FOR_ME,
                     {
                         ":me": owner,
@@ -522,6 +527,7 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                         ":ttl": self._ttl(now + ttl_ms),
                         ":now": now,
                         ":cutoff": cutoff,
+                        ":empty": [],
                     },
                     returns="UPDATED_NEW",
                 )

@@ -124,6 +124,8 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
                 return LeaseResult(True, owner, rec.token)
             if rec.owner is not None:
                 return LeaseResult(False, rec.owner, rec.token)
+            # A dead owner's signals are not this owner's to complete: back to the queue.
+            self._requeue_in_flight(rec)
             token = self._grant(rec, owner, ttl_ms, now, claimed=True)
             rec.previous = None
             return LeaseResult(True, owner, token)

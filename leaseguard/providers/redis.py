@@ -199,10 +199,8 @@ class RedisLeaseProvider(BaseLeaseProvider):
             return f"{self.prefix}{{{slot_tags()[slot]}}}:index"
         return f"{self.prefix}index"
 
-    def _run(self, script: LuaScript, key: str, *args: str | int, lease_only: bool = False) -> Any:
+    def _run(self, script: LuaScript, key: str, *args: str | int) -> Any:
         keys = self.redis_keys(key)
-        if lease_only:  # scripts that touch nothing but the lease hash declare only it
-            keys = keys[:1]
         command = ("EVALSHA", script.sha, len(keys), *keys, key, *args)
         # execute_command, not Script.__call__: a third of the client-side cost of a call
         execute: Callable[..., Any] = self.client.execute_command
@@ -220,7 +218,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
     # -- the contract ---------------------------------------------------------------------------
 
     def _acquire(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        acquired, holder, token = self._run(ACQUIRE_LUA, key, owner, ttl_ms, lease_only=True)
+        acquired, holder, token = self._run(ACQUIRE_LUA, key, owner, ttl_ms)
         return LeaseResult(bool(acquired), _text(holder), int(token))
 
     def _get_owner(self, key: str) -> str | None:
