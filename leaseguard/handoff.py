@@ -21,6 +21,7 @@ logs and debugging only.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -130,8 +131,10 @@ class SqsDispatcher:
             "MessageBody": json.dumps(envelope.to_event()),
         }
         if self.queue_url.endswith(".fifo"):
-            params["MessageGroupId"] = envelope.key[:128]
-            params["MessageDeduplicationId"] = f"{envelope.token}"
+            # Group ids allow 128 characters and keys 1 KiB; a digest keeps both unique per key.
+            digest = hashlib.sha256(envelope.key.encode()).hexdigest()
+            params["MessageGroupId"] = digest
+            params["MessageDeduplicationId"] = f"{digest[:40]}-{envelope.token}"
         try:
             self.client.send_message(**params)
         except Exception as exc:

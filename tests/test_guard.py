@@ -544,3 +544,28 @@ def test_async_handler(provider: BaseLeaseProvider) -> None:
     assert second["leaseguard"]["status"] == "forwarded"
     assert renew_threads() == []
     assert provider.get_lease_owner("async") is None  # the forwarded one ran inline, then freed
+
+
+def test_fifo_sqs_handoff_groups_by_key_and_dedupes_per_grant() -> None:
+    from leaseguard.handoff import SqsDispatcher
+
+    client = boto3.client(
+        "sqs", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+    stub = Stubber(client)
+    url = "https://sqs.us-east-1.amazonaws.com/123456789012/handoff.fifo"
+    sent: list[dict[str, Any]] = []
+    client.meta.events.register(
+        "provide-client-params.sqs.SendMessage", lambda params, **_: sent.append(dict(params))
+    )
+    for _ in range(3):
+        stub.add_response("send_message", {"MessageId": "m"}, None)
+    stub.activate()
+    dispatcher = SqsDispatcher(url, client)
+    dispatcher.dispatch(Envelope("thread:1" + "x" * 200, "a", 7, {}))
+    dispatcher.dispatch(Envelope("thread:2", "b", 7, {}))
+    dispatcher.dispatch(Envelope("thread:1" + "x" * 200, "c", 8, {}))
+    groups = [p["MessageGroupId"] for p in sent]
+    dedup = [p["MessageDeduplicationId"] for p in sent]
+    assert groups[0] == groups[2] != groups[1] and all(len(g) <= 128 for g in groups)
+    assert len(set(dedup)) == 3  # same token on two keys, or two tokens on one key: all distinct
