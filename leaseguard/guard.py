@@ -22,7 +22,8 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, TypeVar, cast
 
@@ -49,6 +50,7 @@ from leaseguard.signals import Signal, SignalQueue, is_signal_queue, now_ms
 from leaseguard.validation import check_key, check_positive_int, check_ttl
 
 F = TypeVar("F", bound=Callable[..., Any])
+_CallArgs = tuple[tuple[Any, ...], dict[str, Any]]
 Handoff = Literal["auto", "inline", "invoke", "sqs"]
 HANDOFF_MODES = ("auto", "inline", "invoke", "sqs")
 DEFAULT_HANDOFF_MARGIN_MS = 3_000
@@ -104,7 +106,7 @@ class _Call:
             return self.args[self.event_slot]
         return self.kwargs[self.event_slot]
 
-    def with_event(self, event: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def with_event(self, event: Any) -> _CallArgs:
         if isinstance(self.event_slot, int):
             return (event, *self.args[1:]), self.kwargs
         return self.args, {**self.kwargs, self.event_slot: event}
@@ -470,27 +472,39 @@ def _compile_key_fn(key_fn: Callable[[Any], str] | str, name: str) -> Callable[[
     return search
 
 
+@contextmanager
+def _lease_scope(invocation: _Invocation, request: _Run) -> Iterator[_CallArgs]:
+    """While one handler run lasts: ``current_lease()`` answers, log lines carry the lease."""
+    handle = request.handle
+    reset = _CURRENT.set(handle)
+    try:
+        with invocation.telemetry.lease_context(handle.key, handle.owner, handle.token):
+            yield invocation.call.with_event(request.event)
+    finally:
+        _CURRENT.reset(reset)
+
+
+def _finish(invocation: _Invocation, flow: Generator[_Run, _Outcome, Any]) -> None:
+    flow.close()  # a BaseException mid-run still stops and joins the renewer
+    invocation.telemetry.flush()
+
+
+# The two drivers differ only in `await`: Python cannot share the loop between them.
 def _drive_sync(fn: Callable[..., Any], invocation: _Invocation) -> Any:
     flow = invocation.flow()
     try:
         request = next(flow)
         while True:
-            args, kwargs = invocation.call.with_event(request.event)
-            handle = request.handle
-            reset = _CURRENT.set(handle)
             try:
-                with invocation.telemetry.lease_context(handle.key, handle.owner, handle.token):
+                with _lease_scope(invocation, request) as (args, kwargs):
                     outcome = _Outcome(value=fn(*args, **kwargs))
             except Exception as exc:
                 outcome = _Outcome(error=exc)
-            finally:
-                _CURRENT.reset(reset)
             request = flow.send(outcome)
     except StopIteration as done:
         return done.value
     finally:
-        flow.close()
-        invocation.telemetry.flush()
+        _finish(invocation, flow)
 
 
 async def _drive_async(fn: Callable[..., Any], invocation: _Invocation) -> Any:
@@ -498,22 +512,16 @@ async def _drive_async(fn: Callable[..., Any], invocation: _Invocation) -> Any:
     try:
         request = next(flow)
         while True:
-            args, kwargs = invocation.call.with_event(request.event)
-            handle = request.handle
-            reset = _CURRENT.set(handle)
             try:
-                with invocation.telemetry.lease_context(handle.key, handle.owner, handle.token):
+                with _lease_scope(invocation, request) as (args, kwargs):
                     outcome = _Outcome(value=await fn(*args, **kwargs))
             except Exception as exc:
                 outcome = _Outcome(error=exc)
-            finally:
-                _CURRENT.reset(reset)
             request = flow.send(outcome)
     except StopIteration as done:
         return done.value
     finally:
-        flow.close()
-        invocation.telemetry.flush()
+        _finish(invocation, flow)
 
 
 def lease_owned(

@@ -198,3 +198,21 @@ def test_version() -> None:
         check=False,
     )
     assert done.returncode == 0 and done.stdout.startswith("leaseguard ")
+
+
+def test_simulate_with_kills_on_the_embedded_default(capsys: pytest.CaptureFixture[str]) -> None:
+    code = run_cli(
+        "simulate",
+        "--invocations",
+        "60",
+        "--keys",
+        "2",
+        "--kill-rate",
+        "0.1",
+        "--ttl-ms",
+        "400",
+        "--quiet",
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "workers killed" in out and "verified" in out

@@ -8,6 +8,7 @@ Exit status: 0 verified, 1 a violation (or the run did not settle), 2 bad argume
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -63,10 +64,10 @@ def _work_range(text: str) -> tuple[int, int]:
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from leaseguard.config import ProviderConfig
     from leaseguard.simulate.engine import SimulationConfig
 
     try:
-        work_ms = _work_range(args.work_ms)
         if args.plot and not args.plot.lower().endswith(".png"):
             raise ValueError("--plot must name a .png file")
         for name in ("workers", "invocations", "keys", "burst", "ttl_ms"):
@@ -74,44 +75,29 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         if args.memory and args.kill_rate:
             raise ValueError("--kill-rate needs worker processes; --memory runs threads")
-        # Validated before any server starts: a typo should not cost a Redis start-up.
-        SimulationConfig(
-            provider=_placeholder(),
+        # Checked before any server starts (the backend is filled in below): a typo should not
+        # cost a Redis start-up.
+        draft = SimulationConfig(
+            provider=ProviderConfig(backend="noop"),
             workers=args.workers,
             invocations=args.invocations,
             keys=args.keys,
-            work_ms=work_ms,
+            work_ms=_work_range(args.work_ms),
             kill_rate=args.kill_rate,
             ttl_ms=args.ttl_ms,
             burst=args.burst,
             seed=args.seed,
+            lambda_timeout_ms=max(1_500, args.ttl_ms + 500),
         )
     except ValueError as exc:
         parser.error(str(exc))
     try:
         with open_backend(args, embedded=True) as (provider, description):
-            config = SimulationConfig(
-                provider=provider,
-                workers=args.workers,
-                invocations=args.invocations,
-                keys=args.keys,
-                work_ms=work_ms,
-                kill_rate=args.kill_rate,
-                ttl_ms=args.ttl_ms,
-                burst=args.burst,
-                seed=args.seed,
-                threads=provider.backend == "memory",
-                lambda_timeout_ms=max(1_500, args.ttl_ms + 500),
-            )
+            threads = provider.backend == "memory"
+            config = dataclasses.replace(draft, provider=provider, threads=threads)
             return _simulate(config, description, args)
     except ConfigurationError as exc:
         parser.error(str(exc))
-
-
-def _placeholder() -> Any:
-    from leaseguard.config import ProviderConfig
-
-    return ProviderConfig(backend="noop")
 
 
 def _simulate(config: Any, description: str, args: argparse.Namespace) -> int:
