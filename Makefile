@@ -7,7 +7,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: test demo lint typecheck pytest bench clean
 
-test: $(DEV_STAMP) lint typecheck pytest
+test: $(DEV_STAMP) lint typecheck pytest sam-validate sam-build
 
 demo: $(DEMO_STAMP)
 	$(BIN)/leaseguard simulate --plot demo.png
@@ -42,3 +42,42 @@ $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache demo.png
+
+# The SAM application (template.yaml, functions/). aws-sam-cli pins boto3 below what .venv has,
+# so it lives in a virtualenv of its own; the stamp names the version, so a new pin reinstalls.
+SAM_CLI_VERSION ?= 1.170.0
+SAM_VENV ?= .venv-sam
+SAM := $(SAM_VENV)/bin/sam
+SAM_STAMP := $(SAM_VENV)/.installed-$(SAM_CLI_VERSION)
+# No AWS account is needed: `sam validate --lint` and `sam build` only need a region name.
+SAM_ENV := AWS_DEFAULT_REGION=us-east-1 SAM_CLI_TELEMETRY=0
+# `sam build` runs pip with the `python3.12` on PATH (the functions' runtime). These machines have
+# one under pyenv; set PYTHON312=/path/to/python3.12 to use another.
+PYENV_DIR = $(or $(shell pyenv root 2>/dev/null),$(PYENV_ROOT),$(HOME)/.pyenv)
+PYTHON312 ?= $(or $(lastword $(sort $(wildcard $(PYENV_DIR)/versions/3.12.*/bin/python3.12))),$(shell command -v python3.12 2>/dev/null))
+
+.PHONY: sam-validate sam-build
+
+$(SAM_STAMP):
+	$(PYTHON) -m venv $(SAM_VENV)
+	$(SAM_VENV)/bin/pip install -q --upgrade pip
+	$(SAM_VENV)/bin/pip install -q 'aws-sam-cli==$(SAM_CLI_VERSION)'
+	touch $@
+
+sam-validate: $(SAM_STAMP) $(DEV_STAMP)
+	$(SAM_ENV) $(SAM) validate --lint --region us-east-1
+	$(BIN)/cfn-lint template.yaml
+
+# Builds .aws-sam/build, then imports each built function with Python 3.12 and the built layer.
+# pip builds the leaseguard wheel in ./build: removed first, so no stale module is packaged.
+sam-build: $(SAM_STAMP)
+	@test -n "$(PYTHON312)" || { echo "no python3.12 found: set PYTHON312=/path/to/python3.12" >&2; exit 1; }
+	$(PYTHON312) -c 'import sys; assert sys.version_info[:2] == (3, 12), sys.version'
+	rm -rf build
+	PATH="$(dir $(PYTHON312)):$$PATH" $(SAM_ENV) $(SAM) build
+	rm -rf build
+	cd .aws-sam/build/ThreadWorkerFunction && $(SAM_ENV) PYTHONPATH=../LeaseguardLayer/python \
+		CONVERSATION_TABLE_NAME=t $(PYTHON312) -c 'import app, leaseguard.providers.redis'
+	cd .aws-sam/build/SweeperFunction && $(SAM_ENV) PYTHONPATH=../LeaseguardLayer/python \
+		WORKER_FUNCTION_NAME=w $(PYTHON312) -c 'import app, leaseguard.providers.dynamodb'
+	test -f .aws-sam/build/LeaseguardLayer/python/leaseguard/providers/lua/acquire_or_enqueue.lua

@@ -1,0 +1,84 @@
+"""A chat thread's worker: one invocation at a time owns a thread and appends its messages.
+
+Messages arrive as ``POST /threads/{threadId}/messages`` (HTTP API, body ``{"text": ...}``) or
+as direct and async invocations (``{"threadId": ..., "text": ...}``). While an invocation owns
+the thread, the others forward their message to it and return at once (HTTP 202); the owner
+drains them with ``take_signals`` and appends each message to the thread's log, fenced by its
+lease token so that an owner whose lease ran out can no longer write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import boto3
+from aws_lambda_powertools import Logger
+from botocore.exceptions import ClientError
+
+from leaseguard import LeaseLostError, current_lease, lease_owned
+
+logger = Logger()
+# Module level: created once per execution environment. Tests point it at a local DynamoDB.
+conversations = boto3.resource("dynamodb").Table(os.environ["CONVERSATION_TABLE_NAME"])
+MAX_MESSAGES_PER_RUN = int(os.environ.get("MAX_MESSAGES_PER_RUN", "100"))
+
+
+def thread_of(event: dict[str, Any]) -> str:
+    return str((event.get("pathParameters") or {}).get("threadId") or event["threadId"])
+
+
+def text_of(event: dict[str, Any]) -> str:
+    if "requestContext" in event:  # API Gateway: the message is the JSON body
+        return str(json.loads(event.get("body") or "{}")["text"])
+    return str(event["text"])
+
+
+def append(thread: str, message_id: str, text: str, token: int) -> bool:
+    """Append one message, once: refused if a newer owner (a higher token) already wrote, and
+    skipped (``False``) if this message id is in the log already (a re-run after a crash)."""
+    try:
+        conversations.update_item(
+            Key={"threadId": thread},
+            UpdateExpression="SET messages = list_append(if_not_exists(messages, :none), :m),"
+            " fence = :t ADD ids :id",
+            ConditionExpression="(attribute_not_exists(fence) OR fence <= :t)"
+            " AND NOT contains(ids, :mid)",
+            ExpressionAttributeValues={
+                ":m": [{"id": message_id, "text": text, "token": token}],
+                ":t": token,
+                ":id": {message_id},
+                ":mid": message_id,
+                ":none": [],
+            },
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        )
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+            raise
+        if int(exc.response.get("Item", {}).get("fence", {}).get("N", "0")) > token:
+            raise LeaseLostError(thread, current_lease().owner) from exc  # a stale owner
+        return False
+    return True
+
+
+@lease_owned(thread_of, logger=logger)
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    lease = current_lease()
+    # This run's message is queued under the lease owner's id; follow-ups under their own.
+    batch = [(lease.owner, text_of(event))]
+    handled = appended = 0
+    while batch:
+        for message_id, text in batch:
+            lease.check()  # stop before writing if the lease was lost
+            appended += append(lease.key, message_id, text, lease.token or 0)
+        handled += len(batch)
+        # Follow-ups that arrived meanwhile: ours to run now. The rest wait for the handoff.
+        room = min(MAX_MESSAGES_PER_RUN - handled, 10)
+        batch = [(s.id, text_of(s.payload)) for s in lease.take_signals(room)] if room > 0 else []
+    result = {"threadId": lease.key, "appended": appended, "token": lease.token}
+    logger.info("thread updated", extra=result)
+    if "requestContext" in event:
+        return {"statusCode": 200, "body": json.dumps(result)}
+    return result
