@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import time
 import uuid
 from binascii import crc_hqx
@@ -75,6 +76,31 @@ CLAIM_SIGNAL_LUA = _lua("claim_signal")
 ADOPT_LUA = _lua("adopt")
 INSPECT_LUA = _lua("inspect")
 _KEY_CACHE_SIZE = 4096
+
+_SCRIPTS = (
+    ACQUIRE_LUA,
+    RENEW_LUA,
+    RELEASE_LUA,
+    TRANSFER_LUA,
+    ACQUIRE_OR_ENQUEUE_LUA,
+    TAKE_SIGNALS_LUA,
+    TRANSFER_TO_NEXT_LUA,
+    CLAIM_SIGNAL_LUA,
+    ADOPT_LUA,
+    INSPECT_LUA,
+)
+
+ACL_COMMANDS: tuple[str, ...] = tuple(
+    sorted(
+        {"evalsha", "script|load", "hget", "llen", "zrangebyscore"}
+        | {m.lower() for lua in _SCRIPTS for m in re.findall(r"redis\.call\('(\w+)'", lua.text)}
+    )
+)
+"""Every command leaseguard sends or runs inside its scripts (which run with the caller's ACL
+permissions): a least-privilege Redis user needs exactly these, on keys ``<prefix>*``::
+
+    ACL SETUSER lease-app on >password ~lg:* resetchannels -@all +<each command>
+"""
 
 
 def escape_key(key: str) -> str:
@@ -231,8 +257,8 @@ class RedisLeaseProvider(BaseLeaseProvider):
     def _release(self, key: str, owner: str) -> None:
         self._run(RELEASE_LUA, key, owner)
 
-    def _renew(self, key: str, owner: str, ttl_ms: int) -> bool:
-        return bool(self._run(RENEW_LUA, key, owner, ttl_ms))
+    def _renew(self, key: str, owner: str, ttl_ms: int, token: int | None = None) -> bool:
+        return bool(self._run(RENEW_LUA, key, owner, ttl_ms, _fence(token)))
 
     def _transfer(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         reply = self._run(TRANSFER_LUA, key, from_owner, to_owner, ttl_ms)
@@ -250,14 +276,16 @@ class RedisLeaseProvider(BaseLeaseProvider):
             return LeaseResult(True, holder, token, adopted=adopted)
         return LeaseResult(False, holder, token, position=int(reply[3]) or None)
 
-    def _take(self, key: str, owner: str, limit: int) -> list[Signal]:
-        reply = self._run(TAKE_SIGNALS_LUA, key, owner, limit, uuid.uuid4().hex)
+    def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]:
+        reply = self._run(TAKE_SIGNALS_LUA, key, owner, limit, uuid.uuid4().hex, _fence(token))
         if reply[0] != 1:
             raise LeaseLostError(key, owner, _text(reply[1]) or None)
         return [decode_signal(_text(i), s) for i, s in zip(reply[1::2], reply[2::2], strict=True)]
 
-    def _transfer_to_next(self, key: str, owner: str, ttl_ms: int, claim: bool) -> Signal | None:
-        reply = self._run(TRANSFER_TO_NEXT_LUA, key, owner, ttl_ms, int(claim))
+    def _transfer_to_next(
+        self, key: str, owner: str, ttl_ms: int, claim: bool, token: int | None = None
+    ) -> Signal | None:
+        reply = self._run(TRANSFER_TO_NEXT_LUA, key, owner, ttl_ms, int(claim), _fence(token))
         if reply[0] == 0:
             raise LeaseLostError(key, owner, _text(reply[1]) or None)
         if reply[0] == 2:
@@ -313,6 +341,11 @@ class RedisLeaseProvider(BaseLeaseProvider):
             ),
             in_flight=tuple(_text(i) for i in in_flight),
         )
+
+
+def _fence(token: int | None) -> str:
+    """The token argument of the owner-side scripts: ``''`` accepts any grant of the owner."""
+    return "" if token is None else str(token)
 
 
 def _redact(url: str) -> str:

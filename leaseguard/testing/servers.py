@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -87,6 +88,7 @@ class RedisServer:
         options: dict[str, str] | None = None,
         binary: str | None = None,
         data_dir: str | None = None,
+        tls: bool = False,
     ) -> None:
         self.binary = binary or find_redis_server()
         self.port = port or free_port(cluster_bus=cluster)
@@ -96,10 +98,24 @@ class RedisServer:
         self._own_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="leaseguard-redis-")
         self.process: subprocess.Popen[bytes] | None = None
+        # TLS only (no plain port), with a self-signed certificate for 127.0.0.1 that is
+        # also the CA clients must trust: ``ca_file``.
+        self.ca_file: str | None = None
+        if tls:
+            self.ca_file, key_file = _self_signed_certificate(self.data_dir)
+            self.options.update({
+                "port": "0",
+                "tls-port": str(self.port),
+                "tls-cert-file": self.ca_file,
+                "tls-key-file": key_file,
+                "tls-ca-cert-file": self.ca_file,
+                "tls-auth-clients": "no",
+            })  # fmt: skip
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        scheme = "rediss" if self.ca_file else "redis"
+        return f"{scheme}://127.0.0.1:{self.port}/0"
 
     @property
     def pid(self) -> int | None:
@@ -145,11 +161,16 @@ class RedisServer:
                 detail = log.read_text(errors="replace")[-2000:] if log.exists() else err
                 raise RuntimeError(f"redis-server on port {self.port} exited: {detail}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as raw:
+                    sock = raw
+                    if self.ca_file:
+                        sock = ssl.create_default_context(cafile=self.ca_file).wrap_socket(
+                            raw, server_hostname="127.0.0.1"
+                        )
                     sock.sendall(b"PING\r\n")
                     if sock.recv(64).startswith(b"+PONG"):
                         return
-            except OSError:
+            except OSError:  # ssl.SSLError is an OSError too
                 pass
             time.sleep(0.05)
         self.stop()
@@ -273,3 +294,44 @@ def _as_text_dict(info: Any) -> dict[str, str]:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _self_signed_certificate(directory: str) -> tuple[str, str]:
+    """A one-day certificate for 127.0.0.1 and its key, as PEM files in ``directory``."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file = os.path.join(directory, "tls-cert.pem")
+    key_file = os.path.join(directory, "tls-key.pem")
+    Path(cert_file).write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    Path(key_file).write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file
