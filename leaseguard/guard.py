@@ -324,7 +324,9 @@ class _Invocation:
                 break
             remote = self._hand_off_remotely(longest_ms)
             try:
-                nxt = provider.transfer_to_next(key, current.id, guard.ttl_ms, claim=not remote)
+                nxt = provider.transfer_to_next(
+                    key, current.id, guard.ttl_ms, claim=not remote, **handle.grant
+                )
             except LeaseLostError:
                 handle.mark_lost("the lease expired or moved before the handoff")
                 telemetry.count("LeaseLost")

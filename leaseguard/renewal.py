@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from leaseguard.errors import LeaseguardError, LeaseLostError
+from leaseguard.providers.base import BaseLeaseProvider
 
 if TYPE_CHECKING:
     from leaseguard.guard import QueueProvider
@@ -66,6 +67,14 @@ class LeaseHandle:
         self._lock = threading.Lock()
         self._valid_until = time.monotonic() + ttl_ms / 1000
         self.acquired_at = time.monotonic()
+        # Owner-side calls name this grant by its token, not only by the owner id: after a
+        # takeover the same id can own the key again (its signal was delivered again), and this
+        # handle must then be refused. Built-in providers take the token; others get the id.
+        self.grant: dict[str, int] = (
+            {"token": token}
+            if token is not None and isinstance(provider, BaseLeaseProvider)
+            else {}
+        )
 
     @property
     def lost(self) -> bool:
@@ -90,7 +99,7 @@ class LeaseHandle:
         """Drain up to ``limit`` follow-up signals queued for this key, oldest first. They are
         this owner's to handle: if it dies before finishing, they are delivered again."""
         try:
-            return self.provider.take_signals(self.key, self.owner, limit)
+            return self.provider.take_signals(self.key, self.owner, limit, **self.grant)
         except LeaseLostError:
             self.mark_lost("take_signals found the lease owned by someone else")
             raise
@@ -135,7 +144,9 @@ class LeaseRenewer:
         while not self._stop.wait(self.every_s):
             sent_at = time.monotonic()
             try:
-                still_owner = handle.provider.renew_lease(handle.key, handle.owner, handle.ttl_ms)
+                still_owner = handle.provider.renew_lease(
+                    handle.key, handle.owner, handle.ttl_ms, **handle.grant
+                )
             except Exception as exc:
                 handle.mark_lost(f"renewal failed: {type(exc).__name__}: {exc}")
                 return

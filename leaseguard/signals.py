@@ -97,7 +97,9 @@ class SignalQueue(Protocol):
 
     def take_signals(self, key: str, owner: str, limit: int) -> list[Signal]:
         """Pop up to ``limit`` queued signals, oldest first, for the owner to handle inline.
-        A non-owner gets :class:`~leaseguard.errors.LeaseLostError`."""
+        A non-owner gets :class:`~leaseguard.errors.LeaseLostError`. Built-in providers also
+        take ``token=``: then only the grant with that fencing token counts as the owner (an
+        owner id can own a key again after its signal was re-delivered)."""
         ...
 
     def transfer_to_next(
@@ -108,7 +110,8 @@ class SignalQueue(Protocol):
         the queue is empty, in one step. A non-owner gets ``LeaseLostError``; nothing changes.
 
         ``claim=True`` means the caller runs the returned signal itself; ``claim=False`` leaves
-        the grant to be claimed once by :meth:`claim_signal` in the invocation it is sent to."""
+        the grant to be claimed once by :meth:`claim_signal` in the invocation it is sent to.
+        Built-in providers also take ``token=``, as :meth:`take_signals` does."""
         ...
 
     def claim_signal(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:

@@ -75,6 +75,43 @@ def test_dead_owners_own_signal_is_delivered_again(provider: BaseLeaseProvider) 
     assert nxt is not None and nxt.id == "s2"
 
 
+def test_a_stale_grant_of_a_redelivered_owner_is_refused(provider: BaseLeaseProvider) -> None:
+    # s1 owns the key, pauses past its TTL; s2 arrives and s1's event is delivered again, so the
+    # id s1 owns the key a second time, under a higher token. The paused first holder of s1
+    # must be refused by its token; the owner id alone cannot tell the two grants apart.
+    stale = provider.acquire_or_enqueue(KEY, sig(1), SHORT)
+    expire()
+    again = provider.acquire_or_enqueue(KEY, sig(2), TTL)
+    assert again.adopted is not None and again.adopted.id == "s1"
+    assert stale.token is not None and again.token is not None and again.token > stale.token
+    before = state(provider)
+    assert provider.renew_lease(KEY, "s1", TTL, token=stale.token) is False
+    with pytest.raises(LeaseLostError):
+        provider.take_signals(KEY, "s1", 10, token=stale.token)
+    with pytest.raises(LeaseLostError):
+        provider.transfer_to_next(KEY, "s1", TTL, token=stale.token)
+    assert state(provider) == before
+    assert provider.renew_lease(KEY, "s1", TTL, token=again.token) is True  # the live grant
+    nxt = provider.transfer_to_next(KEY, "s1", TTL, token=again.token)
+    assert nxt is not None and nxt.id == "s2"
+    with pytest.raises(LeaseLostError):  # and its retry is not mistaken for the stale grant's
+        provider.transfer_to_next(KEY, "s1", TTL, token=stale.token)
+
+
+@pytest.mark.parametrize("token", [-1, True, 1.5, "7", 2**63])
+def test_a_bad_grant_token_is_refused_before_io(provider: BaseLeaseProvider, token: Any) -> None:
+    provider.acquire_lease(KEY, "owner", TTL)
+    before = state(provider)
+    for call in (
+        lambda: provider.renew_lease(KEY, "owner", TTL, token=token),
+        lambda: provider.take_signals(KEY, "owner", 1, token=token),
+        lambda: provider.transfer_to_next(KEY, "owner", TTL, token=token),
+    ):
+        with pytest.raises(InvalidLeaseArgument):
+            call()
+    assert state(provider) == before
+
+
 def test_take_signals_is_fifo_and_honours_limit(provider: BaseLeaseProvider) -> None:
     provider.acquire_lease(KEY, "owner", TTL)
     for n in range(5):

@@ -55,8 +55,11 @@ class BaseLeaseProvider(ABC):
     def release_lease(self, key: str, owner: str) -> None:
         self._release(check_key(key), check_owner(owner))
 
-    def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
-        return self._renew(check_key(key), check_owner(owner), check_ttl(ttl_ms))
+    def renew_lease(self, key: str, owner: str, ttl_ms: int, *, token: int | None = None) -> bool:
+        """``token``: renew only the grant with this fencing token (see :func:`check_token`)."""
+        return self._renew(
+            check_key(key), check_owner(owner), check_ttl(ttl_ms), check_token(token)
+        )
 
     def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         return self._transfer(
@@ -73,14 +76,22 @@ class BaseLeaseProvider(ABC):
         record = self._check_signal(signal)
         return self._acquire_or_enqueue(key, signal, record, check_ttl(ttl_ms))
 
-    def take_signals(self, key: str, owner: str, limit: int) -> list[Signal]:
-        return self._take(check_key(key), check_owner(owner), check_limit(limit))
+    def take_signals(
+        self, key: str, owner: str, limit: int, *, token: int | None = None
+    ) -> list[Signal]:
+        return self._take(
+            check_key(key), check_owner(owner), check_limit(limit), check_token(token)
+        )
 
     def transfer_to_next(
-        self, key: str, owner: str, ttl_ms: int, *, claim: bool = True
+        self, key: str, owner: str, ttl_ms: int, *, claim: bool = True, token: int | None = None
     ) -> Signal | None:
         return self._transfer_to_next(
-            check_key(key), check_owner(owner), check_ttl(ttl_ms), _check_bool("claim", claim)
+            check_key(key),
+            check_owner(owner),
+            check_ttl(ttl_ms),
+            _check_bool("claim", claim),
+            check_token(token),
         )
 
     def claim_signal(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:
@@ -124,7 +135,7 @@ class BaseLeaseProvider(ABC):
     def _release(self, key: str, owner: str) -> None: ...
 
     @abstractmethod
-    def _renew(self, key: str, owner: str, ttl_ms: int) -> bool: ...
+    def _renew(self, key: str, owner: str, ttl_ms: int, token: int | None = None) -> bool: ...
 
     @abstractmethod
     def _transfer(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool: ...
@@ -135,11 +146,11 @@ class BaseLeaseProvider(ABC):
     ) -> LeaseResult: ...
 
     @abstractmethod
-    def _take(self, key: str, owner: str, limit: int) -> list[Signal]: ...
+    def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]: ...
 
     @abstractmethod
     def _transfer_to_next(
-        self, key: str, owner: str, ttl_ms: int, claim: bool
+        self, key: str, owner: str, ttl_ms: int, claim: bool, token: int | None = None
     ) -> Signal | None: ...
 
     @abstractmethod
@@ -153,6 +164,22 @@ class BaseLeaseProvider(ABC):
 
     @abstractmethod
     def _inspect(self, key: str) -> KeyState: ...
+
+
+def check_token(token: object) -> int | None:
+    """The fencing token an owner-side call (``renew_lease``, ``take_signals``,
+    ``transfer_to_next``) is limited to, or ``None`` for any grant held by ``owner``.
+
+    An owner id alone does not name one grant: when an owner's lease expires with its signal in
+    flight, that signal is delivered again and its id owns the key a second time, under a new
+    token. The first, stale holder of that id (a paused process) must not renew, drain or hand
+    off the new grant; passing the token it was granted makes those calls refuse it.
+    """
+    if token is None:
+        return None
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= MAX_TOKEN:
+        raise InvalidLeaseArgument(f"token must be None or an int in 0..{MAX_TOKEN}, got {token!r}")
+    return token
 
 
 def _check_bool(what: str, value: object) -> bool:

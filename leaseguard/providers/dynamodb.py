@@ -221,6 +221,12 @@ class _Lease:
         """``owner`` holds the lease by its own clock (what owner-side steps require)."""
         return self.owner == owner and self.expiry > now
 
+    def live_grant(self, owner: str, now: int, token: int | None) -> bool:
+        """:meth:`live_owner`, with a token, and with exactly ``token`` when one is given."""
+        return (
+            self.live_owner(owner, now) and self.token is not None and token in (None, self.token)
+        )
+
     def holder(self, cutoff: int) -> str | None:
         """Who holds the key as far as anyone else is concerned (the owner, also in limbo)."""
         if self.owner is not None and self.expiry >= cutoff:
@@ -584,14 +590,20 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
         if completed:
             self._delete_signals(key, completed)
 
-    def _renew(self, key: str, owner: str, ttl_ms: int) -> bool:
+    def _renew(self, key: str, owner: str, ttl_ms: int, token: int | None = None) -> bool:
         now, _ = self._times()
         try:
             self._update(
                 key,
                 "SET #e = :exp, #ttl = :ttl",
-                _LIVE_OWNER,
-                {":me": owner, ":exp": now + ttl_ms, ":ttl": self._ttl(now + ttl_ms), ":now": now},
+                _LIVE_OWNER + _same_grant(token),
+                {
+                    ":me": owner,
+                    ":exp": now + ttl_ms,
+                    ":ttl": self._ttl(now + ttl_ms),
+                    ":now": now,
+                    ":grant": token,
+                },
             )
         except _ConditionFailed:
             return False
@@ -744,7 +756,7 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
             return None
         return LeaseResult(False, new.owner, new.token, position=len(new.queue)), True
 
-    def _take(self, key: str, owner: str, limit: int) -> list[Signal]:
+    def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]:
         taken_ids: list[str] = []
         taken_refs: list[str] = []
         attempts = 0
@@ -754,7 +766,7 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                 raise LeaseBackendError(f"take_signals on {key!r} did not settle")
             now, cutoff = self._times()
             lease = self._read(key)
-            if not lease.live_owner(owner, now) or lease.token is None:
+            if not lease.live_grant(owner, now, token):
                 if taken_ids:
                     break  # what we moved is in flight for us; adopt re-delivers it if we died
                 raise LeaseLostError(key, owner, lease.holder(cutoff))
@@ -800,21 +812,26 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
             if ref in payloads
         ]
 
-    def _transfer_to_next(self, key: str, owner: str, ttl_ms: int, claim: bool) -> Signal | None:
+    def _transfer_to_next(
+        self, key: str, owner: str, ttl_ms: int, claim: bool, token: int | None = None
+    ) -> Signal | None:
         for _ in range(_OPTIMISTIC_ATTEMPTS):
             now, cutoff = self._times()
             # Most owners finish with nothing queued, so first try to release in one write,
             # conditional on the queue being empty (a forwarder that appended meanwhile makes
             # it fail: no lost wakeup). A refusal's ALL_OLD image is the consistent snapshot
             # the hand-off works from, so no separate read is needed.
-            released = self._release_if_idle(key, owner, now)
+            released = self._release_if_idle(key, owner, now, token)
             if not isinstance(released, _Lease):
                 if released:
                     self._delete_signals(key, released)
                 return None
             lease = released
-            if not lease.live_owner(owner, now) or lease.token is None:
-                if lease.previous == owner:  # a retry of a step that was applied
+            if not lease.live_grant(owner, now, token):
+                # A retry of a step that was applied, by this grant: a release keeps its token,
+                # a hand-off raised it by one.
+                ours = token is None or lease.token == (token if lease.owner is None else token + 1)
+                if lease.previous == owner and ours:
                     holder = lease.holder(cutoff)
                     if holder is None:
                         return None
@@ -833,7 +850,9 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                 return result
         raise LeaseBackendError(f"transfer_to_next on {key!r} did not settle")
 
-    def _release_if_idle(self, key: str, owner: str, now: int) -> tuple[str, ...] | _Lease:
+    def _release_if_idle(
+        self, key: str, owner: str, now: int, token: int | None = None
+    ) -> tuple[str, ...] | _Lease:
         """Release when ``owner`` holds the key and nothing is queued: returns the payload
         refs it completed. Otherwise nothing changes and the item as it stands is returned."""
         nonce = _nonce()
@@ -842,8 +861,16 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                 key,
                 "SET #p = :me, #w = :w, #ttl = :ttl"
                 " REMOVE #o, #c, #k, #kn, #f, #fn, #q, #qn, #gp, #gx",
-                f"{_LIVE_OWNER} AND (attribute_not_exists(#q) OR size(#q) = :zero)",
-                {":me": owner, ":now": now, ":zero": 0, ":w": nonce, ":ttl": self._ttl(now)},
+                f"{_LIVE_OWNER}{_same_grant(token)}"
+                " AND (attribute_not_exists(#q) OR size(#q) = :zero)",
+                {
+                    ":me": owner,
+                    ":now": now,
+                    ":zero": 0,
+                    ":w": nonce,
+                    ":ttl": self._ttl(now),
+                    ":grant": token,
+                },
                 returns="ALL_OLD",
             )
         except _ConditionFailed as failed:
@@ -1127,6 +1154,11 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
             ),
             in_flight=lease.in_flight,
         )
+
+
+def _same_grant(token: int | None) -> str:
+    """The condition that limits an owner-side write to the grant with ``token`` (``:grant``)."""
+    return "" if token is None else " AND #t = :grant"
 
 
 def _growing_chunks() -> Iterator[int]:

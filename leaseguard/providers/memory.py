@@ -143,11 +143,11 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
                 self._free(rec, owner, now)
                 self._sync_index(key, rec)
 
-    def _renew(self, key: str, owner: str, ttl_ms: int) -> bool:
+    def _renew(self, key: str, owner: str, ttl_ms: int, token: int | None = None) -> bool:
         with self._lock:
             now = time.monotonic_ns()
             rec = self._record(key, now)
-            if rec.owner != owner:
+            if not _holds(rec, owner, token):
                 return False
             rec.expires_ns = now + ttl_ms * 1_000_000
             return True
@@ -200,10 +200,10 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
             head = self._grant_head(key, rec, ttl_ms, now, claimed=True, previous=None)
             return LeaseResult(True, head.id, head.token, adopted=head)
 
-    def _take(self, key: str, owner: str, limit: int) -> list[Signal]:
+    def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]:
         with self._lock:
             rec = self._record(key, time.monotonic_ns())
-            if rec.owner != owner:
+            if not _holds(rec, owner, token):
                 raise LeaseLostError(key, owner, rec.owner)
             taken: list[Signal] = []
             while rec.queue and len(taken) < limit:
@@ -213,11 +213,13 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
             self._sync_index(key, rec)
             return taken
 
-    def _transfer_to_next(self, key: str, owner: str, ttl_ms: int, claim: bool) -> Signal | None:
+    def _transfer_to_next(
+        self, key: str, owner: str, ttl_ms: int, claim: bool, token: int | None = None
+    ) -> Signal | None:
         with self._lock:
             now = time.monotonic_ns()
             rec = self._record(key, now)
-            if rec.owner != owner:
+            if not _holds(rec, owner, token):
                 raise LeaseLostError(key, owner, rec.owner)
             self._complete(rec)
             if not rec.queue:
@@ -274,6 +276,11 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
                 queued=tuple(decode_signal(s, rec.records[s]) for s in rec.queue),
                 in_flight=tuple(rec.in_flight),
             )
+
+
+def _holds(rec: _KeyRecord, owner: str, token: int | None) -> bool:
+    """``owner`` holds the key, and with ``token`` when one is given."""
+    return rec.owner == owner and (token is None or rec.token == token)
 
 
 def _position(queue: deque[str], signal_id: str) -> int | None:

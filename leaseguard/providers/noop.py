@@ -27,7 +27,7 @@ class NoopLeaseProvider(BaseLeaseProvider):
     def _release(self, key: str, owner: str) -> None:
         return None
 
-    def _renew(self, key: str, owner: str, ttl_ms: int) -> bool:
+    def _renew(self, key: str, owner: str, ttl_ms: int, token: int | None = None) -> bool:
         return True
 
     def _transfer(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
@@ -38,10 +38,12 @@ class NoopLeaseProvider(BaseLeaseProvider):
     ) -> LeaseResult:
         return LeaseResult(acquired=True, owner=signal.id, token=0)
 
-    def _take(self, key: str, owner: str, limit: int) -> list[Signal]:
+    def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]:
         return []
 
-    def _transfer_to_next(self, key: str, owner: str, ttl_ms: int, claim: bool) -> Signal | None:
+    def _transfer_to_next(
+        self, key: str, owner: str, ttl_ms: int, claim: bool, token: int | None = None
+    ) -> Signal | None:
         return None
 
     def _claim(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:

@@ -1,6 +1,7 @@
 -- Shared by every leaseguard script. All keys of one lease key share one hash tag, so each
 -- script runs on one Redis Cluster node and touches nothing else.
---   KEYS[1] lease     hash {o=owner, t=token, c=claimed, p=previous owner, k/kn=take nonce/count}
+--   KEYS[1] lease     hash {o=owner, t=token, c=claimed, p/pt=previous owner and its token,
+--                            k/kn=take nonce/count}
 --   KEYS[2] queue     list of signal ids, oldest first
 --   KEYS[3] signals   hash id -> stored signal, for queued and in-flight signals
 --   KEYS[4] inflight  list of ids the current owner received and has not completed
@@ -24,7 +25,6 @@ end
 -- One above the last token, and never below the server clock in microseconds: the clock keeps
 -- tokens rising after the lease hash expired or was lost in a restart.
 local function next_token(last)
-  last = tonumber(last or redis.call('HGET', lease, 't') or '0')
   local floor = now_us()
   if last + 1 > floor then
     return last + 1
@@ -35,8 +35,10 @@ end
 -- `last` is the token when the caller already read it. Fields of an earlier owner that are not
 -- overwritten here (k, kn: a take nonce) only ever match that owner's own retries.
 local function grant(owner, ttl, claimed, previous, last)
+  last = tonumber(last or redis.call('HGET', lease, 't') or '0')
   local token = next_token(last)
-  redis.call('HSET', lease, 'o', owner, 't', fmt(token), 'c', claimed, 'p', previous)
+  redis.call('HSET', lease, 'o', owner, 't', fmt(token), 'c', claimed, 'p', previous,
+             'pt', fmt(last))
   redis.call('PEXPIRE', lease, ttl)
   return token
 end

@@ -1,5 +1,7 @@
--- ARGV: member, owner, ttl_ms  ->  1 if renewed, 0 if the caller does not hold the lease
-if redis.call('HGET', lease, 'o') ~= ARGV[2] then
+-- ARGV: member, owner, ttl_ms, token ('' for any)  ->  1 if renewed, 0 if the caller does not
+-- hold the lease (with that token)
+local cur = redis.call('HMGET', lease, 'o', 't')
+if cur[1] ~= ARGV[2] or (ARGV[4] ~= '' and cur[2] ~= ARGV[4]) then
   return 0
 end
 redis.call('PEXPIRE', lease, ARGV[3])

@@ -1,8 +1,9 @@
--- ARGV: member, owner, limit, nonce  ->  {1, id1, stored1, id2, stored2, ...} | {0, holder}
+-- ARGV: member, owner, limit, nonce, token ('' for any)
+--   -> {1, id1, stored1, id2, stored2, ...} | {0, holder}
 -- The nonce makes a retried call (reply lost on the wire) return the same batch.
-local owner, limit, nonce = ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local cur = redis.call('HMGET', lease, 'o', 'k', 'kn')
-if cur[1] ~= owner then
+local owner, limit, nonce, token = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local cur = redis.call('HMGET', lease, 'o', 'k', 'kn', 't')
+if cur[1] ~= owner or (token ~= '' and cur[4] ~= token) then
   return {0, cur[1] or ''}
 end
 local ids
