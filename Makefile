@@ -49,7 +49,7 @@ SAM_CLI_VERSION ?= 1.170.0
 SAM_VENV ?= .venv-sam
 SAM := $(SAM_VENV)/bin/sam
 SAM_STAMP := $(SAM_VENV)/.installed-$(SAM_CLI_VERSION)
-# No AWS account is needed: `sam validate --lint` and `sam build` only need a region name.
+# No AWS account is needed: `sam validate` and `sam build` only need a region name.
 SAM_ENV := AWS_DEFAULT_REGION=us-east-1 SAM_CLI_TELEMETRY=0
 # `sam build` runs pip with the `python3.12` on PATH (the functions' runtime). These machines have
 # one under pyenv; set PYTHON312=/path/to/python3.12 to use another.
@@ -66,6 +66,7 @@ $(SAM_STAMP):
 
 sam-validate: $(SAM_STAMP) $(DEV_STAMP)
 	$(SAM_ENV) $(SAM) validate --lint --region us-east-1
+	$(SAM_ENV) $(SAM) validate --config-env translate --region us-east-1
 	$(BIN)/cfn-lint template.yaml
 
 # Builds .aws-sam/build, then imports each built function with Python 3.12 and the built layer.
