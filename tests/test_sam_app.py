@@ -497,6 +497,27 @@ def test_sweeper_delivers_what_a_killed_owner_left_queued(pool: Pool) -> None:
     _assert_fenced(log)
 
 
+def test_a_stale_owners_append_is_refused(
+    moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The conversation log's fence: after a write with token 11, a write with token 10 (an
+    owner whose lease ran out while it was paused) is refused; a message already in the log is
+    not appended twice; the current owner's next write goes through."""
+    table = _conversation_table(moto_endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", moto_endpoint)
+    monkeypatch.setenv("CONVERSATION_TABLE_NAME", table.name)
+    worker = _load(WORKER_PATH, "thread_worker_app_fence")
+    assert worker.append("t-1", "req-a", "first", 11) is True
+    with pytest.raises(worker.StaleOwner):
+        worker.append("t-1", "req-b", "from a paused owner", 10)
+    assert worker.append("t-1", "req-a", "first", 11) is False  # run again: appended once
+    assert worker.append("t-1", "req-c", "second", 11) is True
+    assert worker.append("t-1", "req-d", "next owner", 12) is True
+    item = table.get_item(Key={"threadId": "t-1"}, ConsistentRead=True)["Item"]
+    assert [m["text"] for m in item["messages"]] == ["first", "second", "next owner"]
+    assert item["fence"] == 12 and item["ids"] == {"req-a", "req-c", "req-d"}
+
+
 # -- the local run in docs/deploy.md ----------------------------------------------------------
 
 

@@ -17,12 +17,16 @@ import boto3
 from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
-from leaseguard import LeaseLostError, current_lease, lease_owned
+from leaseguard import current_lease, lease_owned
 
 logger = Logger()
 # Module level: created once per execution environment. Tests point it at a local DynamoDB.
 conversations = boto3.resource("dynamodb").Table(os.environ["CONVERSATION_TABLE_NAME"])
 MAX_MESSAGES_PER_RUN = int(os.environ.get("MAX_MESSAGES_PER_RUN", "100"))
+
+
+class StaleOwner(Exception):
+    """A newer owner of the thread (a higher fencing token) has written: this one must stop."""
 
 
 def thread_of(event: dict[str, Any]) -> str:
@@ -36,8 +40,9 @@ def text_of(event: dict[str, Any]) -> str:
 
 
 def append(thread: str, message_id: str, text: str, token: int) -> bool:
-    """Append one message, once: refused if a newer owner (a higher token) already wrote, and
-    skipped (``False``) if this message id is in the log already (a re-run after a crash)."""
+    """Append one message, once: refused (:class:`StaleOwner`) if a newer owner, with a higher
+    token, already wrote, and skipped (``False``) if the message id is in the log already (a
+    message run again after a crash)."""
     try:
         conversations.update_item(
             Key={"threadId": thread},
@@ -58,7 +63,7 @@ def append(thread: str, message_id: str, text: str, token: int) -> bool:
         if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
             raise
         if int(exc.response.get("Item", {}).get("fence", {}).get("N", "0")) > token:
-            raise LeaseLostError(thread, current_lease().owner) from exc  # a stale owner
+            raise StaleOwner(f"thread {thread!r}: token {token} is not the newest") from exc
         return False
     return True
 
