@@ -569,3 +569,22 @@ def test_fifo_sqs_handoff_groups_by_key_and_dedupes_per_grant() -> None:
     dedup = [p["MessageDeduplicationId"] for p in sent]
     assert groups[0] == groups[2] != groups[1] and all(len(g) <= 128 for g in groups)
     assert len(set(dedup)) == 3  # same token on two keys, or two tokens on one key: all distinct
+
+
+def test_a_context_without_a_function_arn_hands_off_inline(provider: BaseLeaseProvider) -> None:
+    """`leaseguard invoke` runs handlers locally with such a context: a near deadline must not
+    make the guard call AWS."""
+    recorder = Recorder()
+    handler = lease_owned(
+        lambda e: e["k"], provider=provider, ttl_ms=TTL, handoff_margin_ms=60_000
+    )(recorder)
+    local = LambdaContext(timeout_ms=1_000, function_arn="")
+    owner = threading.Thread(target=handler, args=({"k": "local", "n": 0}, local))
+    recorder.gate.clear()
+    owner.start()
+    assert recorder.inside.wait(10)
+    handler({"k": "local", "n": 1}, LambdaContext())
+    recorder.gate.set()
+    owner.join()
+    assert [s[0] for s in recorder.seen] == [0, 1]  # ran inline, no Invoke attempted
+    assert provider.get_lease_owner("local") is None

@@ -35,6 +35,12 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--function-name", default=None, help="name in the context's ARN")
     parser.add_argument("--request-id", default=None, help="aws_request_id (default: a new UUID)")
+    parser.add_argument(
+        "--function-arn",
+        default="",
+        help="the context's invoked_function_arn; by default none, so a handoff runs inline "
+        "here instead of invoking a function in AWS",
+    )
     parser.set_defaults(run=run)
 
 
@@ -81,6 +87,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         function_name=name[-64:] or "local",
         timeout_ms=args.timeout_ms,
         aws_request_id=args.request_id or str(uuid.uuid4()),
+        function_arn=args.function_arn,
     )
     try:
         result = handler(event, context)

@@ -5,9 +5,24 @@ ports; :class:`DynamoDBServer` serves moto's DynamoDB on a free port, one reques
 :class:`LambdaContext` stands in for the context object Lambda passes to a handler.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .context import LambdaContext
-from .dynamodb_server import DynamoDBServer
 from .servers import RedisClusterServers, RedisServer, find_redis_server, free_port
+
+if TYPE_CHECKING:
+    from .dynamodb_server import DynamoDBServer
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: `python -m leaseguard.testing.dynamodb_server` must not find its
+    # module already loaded, and Redis-only users never import moto's server.
+    if name == "DynamoDBServer":
+        from .dynamodb_server import DynamoDBServer
+
+        return DynamoDBServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DynamoDBServer",

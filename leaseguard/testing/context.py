@@ -26,8 +26,14 @@ class LambdaContext:
     log_stream_name: str = ""
     started_at: float = field(default_factory=time.monotonic)
 
+    function_arn: str | None = None
+
     @property
     def invoked_function_arn(self) -> str:
+        """``function_arn`` when given (``""`` stands for a context that names no function, so
+        a guarded handler hands off inline), else an ARN built from the other fields."""
+        if self.function_arn is not None:
+            return self.function_arn
         return f"arn:aws:lambda:{self.region}:{self.account_id}:function:{self.function_name}"
 
     def get_remaining_time_in_millis(self) -> int:
