@@ -46,7 +46,9 @@ def parse_resp(buf: bytes, pos: int = 0) -> tuple[Any, int]:
         raise _Incomplete
     kind = buf[pos : pos + 1]
     text, pos = _line(buf, pos + 1)
-    if kind in (b"+", b":", b",", b"_", b"#", b"("):
+    if kind == b":":
+        return int(text), pos
+    if kind in (b"+", b",", b"_", b"#", b"("):
         return text, pos
     if kind == b"-":
         return ("error", text), pos
@@ -120,7 +122,11 @@ class FaultPlan:
             self.drops.append(drop)
         return drop
 
-    def take(self, command: Command) -> Drop | None:
+    def take(self, command: Command, reply: Any) -> Drop | None:
+        """The armed drop for ``command``, if any. Only applied commands count: an error reply
+        (``NOSCRIPT`` before a script is loaded, say) changed nothing and is passed on."""
+        if isinstance(reply, tuple) and reply[:1] == ("error",):
+            return None
         with self.lock:
             for drop in self.drops:
                 if drop.times > 0 and drop.match(command):
@@ -133,9 +139,14 @@ class FaultPlan:
             self.seen.append((command, reply))
 
     def replies_to(self, match: Callable[[Command], bool]) -> list[Any]:
-        """Replies Redis gave to matching commands, dropped or not, in order."""
+        """Replies Redis gave to matching commands that it ran, dropped or not, in order (error
+        replies, which change nothing, are left out)."""
         with self.lock:
-            return [reply for command, reply in self.seen if match(command)]
+            return [
+                reply
+                for command, reply in self.seen
+                if match(command) and not (isinstance(reply, tuple) and reply[:1] == ("error",))
+            ]
 
 
 class ReplyDroppingProxy:
@@ -175,7 +186,7 @@ class ReplyDroppingProxy:
                 raw_reply, reply = from_server.frame()
                 parts = [bytes(p) for p in command] if isinstance(command, list) else []
                 self.plan.record(parts, reply)
-                drop = self.plan.take(parts)
+                drop = self.plan.take(parts, reply)
                 if drop is not None:
                     drop.dropped.append(reply)
                     if drop.before_retry is not None:
@@ -192,6 +203,8 @@ class ReplyDroppingProxy:
 
     def close(self) -> None:
         self._closed.set()
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
         self.listener.close()
         with self._lock:
             for sock in self._sockets:

@@ -4,6 +4,11 @@ Every operation is one Lua script (``providers/lua/*.lua``), registered once and
 EVALSHA; redis-py loads it again on NOSCRIPT. A refused acquire names the holder from the same
 script. Expiry is the server's: the lease hash carries ``PEXPIRE``, no client clock is read.
 
+**Retries.** redis-py resends a command whose connection dropped, also after Redis ran it. Every
+script is safe to run twice: a transfer or hand-off finds itself as the previous owner (``p``,
+``pt``), a take finds its nonce (``k``), a grant or claim finds the nonce of the call that made
+it (``w``) and returns the first run's result; renew and release are idempotent already.
+
 **Key layout.** For a user key ``k`` and prefix ``lg:`` the keys are ``lg:{t}:lease``,
 ``lg:{t}:queue``, ``lg:{t}:signals`` and ``lg:{t}:inflight``, where ``t`` is ``k`` with ``%``,
 ``{`` and ``}`` percent-encoded (``%25``, ``%7B``, ``%7D``). The encoding is injective, so two
@@ -269,7 +274,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
     def _acquire_or_enqueue(
         self, key: str, signal: Signal, record: str, ttl_ms: int
     ) -> LeaseResult:
-        reply = self._run(ACQUIRE_OR_ENQUEUE_LUA, key, signal.id, record, ttl_ms)
+        reply = self._run(ACQUIRE_OR_ENQUEUE_LUA, key, signal.id, record, ttl_ms, _nonce())
         holder, token = _text(reply[1]), int(reply[2])
         if reply[0] == 1:
             adopted = decode_signal(holder, reply[3], token) if len(reply) > 3 else None
@@ -277,7 +282,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
         return LeaseResult(False, holder, token, position=int(reply[3]) or None)
 
     def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]:
-        reply = self._run(TAKE_SIGNALS_LUA, key, owner, limit, uuid.uuid4().hex, _fence(token))
+        reply = self._run(TAKE_SIGNALS_LUA, key, owner, limit, _nonce(), _fence(token))
         if reply[0] != 1:
             raise LeaseLostError(key, owner, _text(reply[1]) or None)
         return [decode_signal(_text(i), s) for i, s in zip(reply[1::2], reply[2::2], strict=True)]
@@ -293,7 +298,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
         return decode_signal(_text(reply[1]), reply[3], int(reply[2]))
 
     def _claim(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:
-        reply = self._run(CLAIM_SIGNAL_LUA, key, owner, str(token), ttl_ms)
+        reply = self._run(CLAIM_SIGNAL_LUA, key, owner, str(token), ttl_ms, _nonce())
         return decode_signal(owner, reply[1], token) if reply[0] == 1 else None
 
     def _pending(self, key: str) -> int:
@@ -305,7 +310,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
     def _adopt(self, ttl_ms: int, limit: int, claim: bool) -> list[tuple[str, Signal]]:
         adopted: list[tuple[str, Signal]] = []
         for key in self._orphan_candidates(limit):
-            reply = self._run(ADOPT_LUA, key, ttl_ms, int(claim))
+            reply = self._run(ADOPT_LUA, key, ttl_ms, int(claim), _nonce())
             if reply[0] == 1:
                 adopted.append((key, decode_signal(_text(reply[1]), reply[3], int(reply[2]))))
         return adopted
@@ -341,6 +346,13 @@ class RedisLeaseProvider(BaseLeaseProvider):
             ),
             in_flight=tuple(_text(i) for i in in_flight),
         )
+
+
+def _nonce() -> str:
+    """Names one call: redis-py resends a command whose reply was lost (a dropped connection
+    after Redis ran it), and a script that finds its own nonce returns what it did the first
+    time instead of taking its own effect for someone else's."""
+    return uuid.uuid4().hex
 
 
 def _fence(token: int | None) -> str:

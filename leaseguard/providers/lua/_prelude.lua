@@ -1,7 +1,7 @@
 -- Shared by every leaseguard script. All keys of one lease key share one hash tag, so each
 -- script runs on one Redis Cluster node and touches nothing else.
 --   KEYS[1] lease     hash {o=owner, t=token, c=claimed, p/pt=previous owner and its token,
---                            k/kn=take nonce/count}
+--                            k/kn=take nonce/count, w=nonce of the call that granted/claimed}
 --   KEYS[2] queue     list of signal ids, oldest first
 --   KEYS[3] signals   hash id -> stored signal, for queued and in-flight signals
 --   KEYS[4] inflight  list of ids the current owner received and has not completed
@@ -33,12 +33,14 @@ local function next_token(last)
 end
 
 -- `last` is the token when the caller already read it. Fields of an earlier owner that are not
--- overwritten here (k, kn: a take nonce) only ever match that owner's own retries.
-local function grant(owner, ttl, claimed, previous, last)
+-- overwritten here (k, kn: a take nonce) only ever match that owner's own retries. `nonce`
+-- names the call that made this grant, so a resend of that call (its reply was lost) can tell
+-- its own grant from someone else's.
+local function grant(owner, ttl, claimed, previous, last, nonce)
   last = tonumber(last or redis.call('HGET', lease, 't') or '0')
   local token = next_token(last)
   redis.call('HSET', lease, 'o', owner, 't', fmt(token), 'c', claimed, 'p', previous,
-             'pt', fmt(last))
+             'pt', fmt(last), 'w', nonce or '')
   redis.call('PEXPIRE', lease, ttl)
   return token
 end
@@ -50,7 +52,7 @@ local function has_work()
 end
 
 local function free(owner)
-  redis.call('HDEL', lease, 'o', 'c', 'k', 'kn')
+  redis.call('HDEL', lease, 'o', 'c', 'k', 'kn', 'w')
   redis.call('HSET', lease, 'p', owner)
   redis.call('PEXPIRE', lease, TOKEN_MEMORY_MS)
 end
@@ -91,10 +93,24 @@ local function sync_index()
   end
 end
 
-local function grant_head(ttl, claimed, previous)
+local function grant_head(ttl, claimed, previous, nonce)
   local head = redis.call('LPOP', queue)
-  local token = grant(head, ttl, claimed, previous)
+  local token = grant(head, ttl, claimed, previous, nil, nonce)
   redis.call('RPUSH', inflight, head)
   sync_index()
   return {head, fmt(token), redis.call('HGET', sigs, head)}
+end
+
+-- The reply of a grant made by the call with `nonce`, if the lease still is that grant: a
+-- resent call returns what the first run did instead of reading its own grant as someone
+-- else's. {1, owner, token} when the caller's own signal got it, else the adopted head too.
+local function granted_by(nonce, id)
+  local cur = redis.call('HMGET', lease, 'o', 't', 'w')
+  if not cur[1] or cur[3] ~= nonce then
+    return nil
+  end
+  if cur[1] == id then
+    return {1, cur[1], cur[2]}
+  end
+  return {1, cur[1], cur[2], redis.call('HGET', sigs, cur[1])}
 end
