@@ -327,14 +327,22 @@ class _Invocation:
                 nxt = provider.transfer_to_next(
                     key, current.id, guard.ttl_ms, claim=not remote, **handle.grant
                 )
-            except LeaseLostError:
-                handle.mark_lost("the lease expired or moved before the handoff")
+            except LeaseLostError as lost:
+                # No holder at all: the lease expired, or the backend lost it (a Redis restart
+                # without persistence), and then whatever was queued behind it went too.
+                vanished = " (the key has no owner: expired, or lost by the backend)"
+                handle.mark_lost(
+                    "the lease expired or moved before the handoff"
+                    + ("" if lost.holder else vanished)
+                )
                 telemetry.count("LeaseLost")
                 telemetry.log(
                     logging.ERROR,
                     "lease lost before the handoff; not handing off",
                     lease_key=key,
                     lease_owner=handle.owner,
+                    lease_holder=lost.holder,
+                    pending_signals=_pending_or_none(provider, key),
                 )
                 break
             if nxt is None:
@@ -428,6 +436,15 @@ def _forwarded_body(
             "position": position,
         }
     }
+
+
+def _pending_or_none(provider: QueueProvider, key: str) -> int | None:
+    """How many signals still wait on ``key``, for a log line (``None`` if the backend cannot
+    say): after a lost lease it tells an operator whether work was left behind or lost."""
+    try:
+        return provider.pending_signals(key)
+    except Exception:
+        return None
 
 
 def _remaining_ms(context: Any) -> int | None:
