@@ -1,0 +1,293 @@
+"""Faults on DynamoDB: throttling and 5xx, and callers whose clocks disagree.
+
+Everything runs against moto's DynamoDB over real HTTP (``DynamoDBServer``, one request at a
+time, as DynamoDB serialises writes to an item), so botocore's own retry logic runs. Errors are
+injected into the *transport*: a ``before-send`` hook answers a request with the error response
+DynamoDB would send, before it reaches the server, and botocore decides whether to retry. One
+test uses botocore's ``Stubber``, which answers before botocore's retry logic runs, to show how
+each kind of answer is mapped. Clocks are injected where a test is about clock skew.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from botocore.awsrequest import AWSResponse
+from botocore.config import Config
+from botocore.exceptions import ClientError
+from botocore.stub import Stubber
+
+from leaseguard import LeaseBackendError, Signal, current_lease, lease_owned
+from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
+from leaseguard.testing import DynamoDBServer, LambdaContext
+
+from .faults import Fence
+
+TTL = 10_000
+Make = Callable[..., DynamoDBLeaseProvider]
+ONE_RETRY = Config(retries={"mode": "standard", "total_max_attempts": 2})
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[DynamoDBServer]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        patch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        with DynamoDBServer() as running:
+            yield running
+
+
+@pytest.fixture
+def table(server: DynamoDBServer) -> str:
+    name = f"faults-{uuid.uuid4().hex[:8]}"
+    DynamoDBLeaseProvider(
+        name, endpoint_url=server.endpoint_url, region_name="us-east-1"
+    ).create_table()
+    return name
+
+
+@pytest.fixture
+def make(server: DynamoDBServer, table: str) -> Make:
+    def build(**options: Any) -> DynamoDBLeaseProvider:
+        return DynamoDBLeaseProvider(
+            table, endpoint_url=server.endpoint_url, region_name="us-east-1", **options
+        )
+
+    return build
+
+
+class _Body:
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self.body
+
+
+class Inject:
+    """Answers DynamoDB requests with ``code`` / ``status`` before they are sent. ``first_only``
+    fails each distinct request once and lets its retry through (a transient blip)."""
+
+    def __init__(
+        self, provider: DynamoDBLeaseProvider, code: str, status: int, first_only: bool = False
+    ) -> None:
+        self.client = provider.client
+        self.code, self.status, self.first_only = code, status, first_only
+        self.attempts: Counter[str] = Counter()
+        self.seen: set[bytes] = set()
+        self.client.meta.events.register("before-send.dynamodb", self)
+
+    def __call__(self, request: Any, event_name: str, **_: Any) -> AWSResponse | None:
+        operation = event_name.rsplit(".", 1)[-1]
+        self.attempts[operation] += 1
+        body = bytes(request.body or b"")
+        if self.first_only and body in self.seen:
+            return None
+        self.seen.add(body)
+        payload = f'{{"__type":"com.amazonaws.dynamodb.v20120810#{self.code}","message":"x"}}'
+        headers = {"Content-Type": "application/x-amz-json-1.0"}
+        return AWSResponse(request.url, self.status, headers, _Body(payload.encode()))
+
+    def stop(self) -> None:
+        self.client.meta.events.unregister("before-send.dynamodb", self)
+
+
+def table_items(provider: DynamoDBLeaseProvider) -> list[dict[str, Any]]:
+    """Every item of the table (the whole backend state), in key order."""
+    items = provider.client.scan(TableName=provider.table_name, ConsistentRead=True)["Items"]
+    return sorted(items, key=lambda i: (i["pk"]["S"], i["sk"]["S"]))
+
+
+ERRORS = [
+    ("ThrottlingException", 400),
+    ("ProvisionedThroughputExceededException", 400),
+    ("InternalServerError", 500),
+    ("ServiceUnavailable", 503),
+]
+
+
+@pytest.mark.parametrize(("code", "status"), ERRORS, ids=[c for c, _ in ERRORS])
+def test_throttling_and_5xx_are_retried_then_raise_backend_error(
+    make: Make, code: str, status: int
+) -> None:
+    provider, observer = make(retry_config=ONE_RETRY), make()
+    provider.acquire_lease("k", "owner", TTL)
+    before = table_items(observer)
+    inject = Inject(provider, code, status)
+    with pytest.raises(LeaseBackendError) as info:
+        provider.acquire_or_enqueue("k", Signal("s1", {"n": 1}), TTL)
+    assert inject.attempts == Counter(PutItem=2)  # retried, then given up: nothing else sent
+    assert isinstance(info.value.__cause__, ClientError)
+    assert info.value.__cause__.response["Error"]["Code"] == code
+    assert table_items(observer) == before
+
+
+OPERATIONS: list[tuple[str, Callable[[DynamoDBLeaseProvider, int], object]]] = [
+    ("acquire_lease", lambda p, t: p.acquire_lease("k", "other", TTL)),
+    ("get_lease_owner", lambda p, t: p.get_lease_owner("k")),
+    ("renew_lease", lambda p, t: p.renew_lease("k", "owner", TTL, token=t)),
+    ("release_lease", lambda p, t: p.release_lease("k", "owner")),
+    ("transfer_lease", lambda p, t: p.transfer_lease("k", "owner", "next", TTL)),
+    ("take_signals", lambda p, t: p.take_signals("k", "owner", 10, token=t)),
+    ("transfer_to_next", lambda p, t: p.transfer_to_next("k", "owner", TTL, token=t)),
+    ("claim_signal", lambda p, t: p.claim_signal("k", "owner", t, TTL)),
+    ("pending_signals", lambda p, t: p.pending_signals("k")),
+    ("adopt_orphans", lambda p, t: p.adopt_orphans(TTL, 10)),
+]
+
+
+@pytest.mark.parametrize("call", [c for _, c in OPERATIONS], ids=[n for n, _ in OPERATIONS])
+def test_every_operation_surfaces_a_persistent_throttle_and_changes_nothing(
+    make: Make, call: Callable[[DynamoDBLeaseProvider, int], object]
+) -> None:
+    provider, observer = make(retry_config=ONE_RETRY), make()
+    held = provider.acquire_lease("k", "owner", TTL)
+    provider.acquire_or_enqueue("k", Signal("s1", {"n": 1}), TTL)
+    before = table_items(observer)
+    inject = Inject(provider, "ThrottlingException", 400)
+    with pytest.raises(LeaseBackendError):
+        call(provider, held.token or 0)
+    assert sum(inject.attempts.values()) == 2  # one request, retried once, none after it
+    assert table_items(observer) == before
+
+
+def test_transient_errors_on_every_request_are_invisible_to_the_decorator(make: Make) -> None:
+    provider = make()
+    inject = Inject(provider, "InternalServerError", 500, first_only=True)
+    ran: list[tuple[int, int]] = []
+
+    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL, handoff="inline")
+    def handler(event: dict[str, Any], context: Any) -> int:
+        lease = current_lease()
+        ran.append((event["n"], lease.token or 0))
+        if event["n"] == 0:
+            forwarded = handler({"k": "k", "n": 1}, LambdaContext(aws_request_id="r1"))
+            assert forwarded["leaseguard"]["position"] == 1
+        return int(event["n"])
+
+    assert handler({"k": "k", "n": 0}, LambdaContext(aws_request_id="r0")) == 0
+    assert [n for n, _ in ran] == [0, 1] and ran[1][1] > ran[0][1]  # each once, fenced
+    sent = sum(inject.attempts.values())
+    assert sent == 2 * len(inject.seen)  # every request failed once and was retried once
+    inject.stop()
+    state = provider.inspect_key("k")
+    assert (state.owner, state.queued, state.in_flight) == (None, (), ())
+
+
+def test_a_throttled_acquire_fails_the_invocation_and_stores_nothing(make: Make) -> None:
+    provider, observer = make(retry_config=ONE_RETRY), make()
+    ran: list[Any] = []
+
+    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL)
+    def handler(event: dict[str, Any], context: Any) -> None:
+        ran.append(event)
+
+    Inject(provider, "ProvisionedThroughputExceededException", 400)
+    with pytest.raises(LeaseBackendError):  # Lambda (or SQS, or the client) retries it
+        handler({"k": "k"}, LambdaContext())
+    assert ran == []  # never fail open
+    assert table_items(observer) == []
+
+
+def test_throttled_renewals_mark_the_lease_lost_and_skip_the_hand_off(make: Make) -> None:
+    provider, observer = make(retry_config=ONE_RETRY), make()
+    lost: list[str | None] = []
+    ran: list[int] = []
+
+    @lease_owned(
+        lambda e: e["k"],
+        provider=provider,
+        ttl_ms=1_500,
+        renew_every_ms=100,
+        handoff="inline",
+        on_lost=lambda handle: lost.append(handle.lost_reason),
+    )
+    def handler(event: dict[str, Any], context: Any) -> bool:
+        ran.append(event["n"])
+        if event["n"] == 0:
+            observer.acquire_or_enqueue("k", Signal("r1", {"k": "k", "n": 1}), TTL)
+            inject = Inject(provider, "ThrottlingException", 400)
+            deadline = time.monotonic() + 10
+            while not lost and time.monotonic() < deadline:
+                time.sleep(0.05)
+            inject.stop()
+        return current_lease().lost
+
+    assert handler({"k": "k", "n": 0}, LambdaContext(aws_request_id="r0")) is True
+    assert lost and "renewal failed: LeaseBackendError" in (lost[0] or "")
+    assert ran == [0]  # not handed off: r1 waits for the lease to expire, then is adopted
+    assert observer.pending_signals("k") == 1
+
+
+def test_stubbed_answers_map_to_results_and_errors(make: Make) -> None:
+    """Stubber answers before botocore's retry logic: one answer, one outcome."""
+    provider = make()
+    held = provider.acquire_lease("k", "owner", TTL)
+    with Stubber(provider.client) as stub:
+        stub.add_client_error(
+            "update_item",
+            service_error_code="ConditionalCheckFailedException",
+            http_status_code=400,
+            response_meta={},
+        )
+        assert provider.renew_lease("k", "owner", TTL) is False  # a refusal is a result
+        for code, status in ERRORS:
+            stub.add_client_error("update_item", service_error_code=code, http_status_code=status)
+            with pytest.raises(LeaseBackendError, match=code):  # anything else is an error
+                provider.renew_lease("k", "owner", TTL)
+        stub.assert_no_pending_responses()
+    assert provider.inspect_key("k").token == held.token
+
+
+# -- clocks ---------------------------------------------------------------------------------------
+
+
+def test_a_caller_2s_behind_cannot_take_a_live_lease(make: Make) -> None:
+    """A real owner renews under the decorator for more than two TTLs while callers whose
+    clocks are 2 s behind (default 1 s margin), and 2 s ahead (with a 2.5 s margin), keep trying
+    to take the key: every attempt is refused and names the owner."""
+    owner = make()
+    behind = make(clock=lambda: time.time_ns() // 1_000_000 - 2_000)
+    ahead = make(clock=lambda: time.time_ns() // 1_000_000 + 2_000, clock_skew_ms=2_500)
+    attempts: Counter[str] = Counter()
+
+    @lease_owned(lambda e: e["k"], provider=owner, ttl_ms=1_000, handoff="inline")
+    def handler(event: dict[str, Any], context: Any) -> bool:
+        lease = current_lease()
+        until = time.monotonic() + 2.5
+        n = 0
+        while time.monotonic() < until:
+            for name, taker in (("behind", behind), ("ahead", ahead)):
+                refused = taker.acquire_lease("k", f"{name}-{n}", 1_000)
+                assert (refused.acquired, refused.owner) == (False, "r0")
+                queued = taker.acquire_or_enqueue("k", Signal(f"{name}-{n}", {"k": "k"}), 1_000)
+                assert (queued.acquired, queued.owner) == (False, "r0")
+                attempts[name] += 1
+            n += 1
+            time.sleep(0.05)
+        return lease.lost
+
+    assert handler({"k": "k"}, LambdaContext(aws_request_id="r0")) is False  # never lost it
+    assert min(attempts.values()) > 10
+
+
+def test_an_owner_clock_behind_beyond_the_margin_is_fenced(make: Make, server: Any) -> None:
+    """The limit of the clock assumption: an owner whose clock is 2 s slow with a 1 s margin
+    writes a deadline that others already see as expired, so the key is taken while the owner
+    still believes it holds it. Its renewal is then refused and its fenced write too."""
+    now = time.time_ns() // 1_000_000
+    slow = make(clock=lambda: now - 2_000, clock_skew_ms=1_000)
+    other = make(clock=lambda: now, clock_skew_ms=1_000)
+    fence = Fence(table=f"fence-{uuid.uuid4().hex[:8]}", endpoint=server.endpoint_url).create()
+    mine = slow.acquire_lease("k", "slow", 900)  # deadline now - 1.1 s on the true clock
+    taken = other.acquire_lease("k", "other", TTL)
+    assert taken.acquired and taken.token and mine.token and taken.token > mine.token
+    assert fence.write("k", taken.token, "other")
+    assert slow.renew_lease("k", "slow", 900, token=mine.token) is False
+    assert fence.write("k", mine.token, "slow") is False  # the token catches what the clock missed
+    assert fence.read("k") == (taken.token, "other")
