@@ -34,7 +34,7 @@ from leaseguard.simulate.checker import check
 from leaseguard.simulate.engine import Simulation, SimulationConfig
 from leaseguard.testing import DynamoDBServer, RedisClusterServers
 
-KILL_RATE = 0.06
+KILL_RATE = 0.08  # at least one kill in 120 draws: all but certain (1 - 0.92**120)
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
