@@ -11,6 +11,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 
+import moto  # noqa: F401  (first: see below)
 import pytest
 import redis
 from redis.cluster import RedisCluster
@@ -21,6 +22,11 @@ from leaseguard.providers.redis import RedisLeaseProvider
 from leaseguard.testing import RedisClusterServers, RedisServer
 
 ProviderFactory = Callable[[str], Callable[..., BaseLeaseProvider]]
+
+# Importing moto adds its request interceptor to botocore's built-in handlers, which a boto3
+# session copies when it is created. The DynamoDB provider shares one session per process, so
+# moto must be imported before any test builds a provider against a DynamoDBServer; otherwise a
+# later in-process mock_aws() test would find a session without the interceptor and call AWS.
 
 
 @pytest.fixture(scope="session")
