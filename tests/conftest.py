@@ -8,6 +8,7 @@ other's keys.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -125,11 +126,38 @@ def _dynamodb_factory(
     table = f"lg-{uuid.uuid4().hex[:12]}"
     DynamoDBLeaseProvider(table, region_name="us-east-1").create_table()
 
+    clock = MovableClock()
+
     def dynamodb_provider(**options: object) -> BaseLeaseProvider:
         options.setdefault("clock_skew_ms", 0)
-        return DynamoDBLeaseProvider(table, region_name="us-east-1", **options)  # type: ignore[arg-type]
+        options.setdefault("clock", clock)
+        provider = DynamoDBLeaseProvider(table, region_name="us-east-1", **options)  # type: ignore[arg-type]
+        provider.test_clock = clock  # type: ignore[attr-defined]
+        return provider
 
     return dynamodb_provider
+
+
+class MovableClock:
+    """Wall-clock milliseconds that a test can move forward: on DynamoDB (callers' clocks) time
+    can pass without sleeping, and past every deadline, including the orphan index's."""
+
+    def __init__(self) -> None:
+        self.offset_ms = 0
+
+    def __call__(self) -> int:
+        return time.time_ns() // 1_000_000 + self.offset_ms
+
+
+def let_leases_expire(provider: object, *leases: tuple[str, str]) -> None:
+    """The owners of these leases died: their leases run out now, however long the setup took
+    (a short TTL given at setup would race the setup itself)."""
+    for key, owner in leases:
+        assert provider.renew_lease(key, owner, 1)  # type: ignore[attr-defined]
+    clock = getattr(provider, "test_clock", None)
+    if clock is not None:
+        clock.offset_ms += 60_000  # also past the deadline the orphan index was written with
+    time.sleep(0.02)
 
 
 _FAKE_AWS_ENV = {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import pytest
@@ -11,13 +10,13 @@ import pytest
 from leaseguard import InvalidLeaseArgument, LeaseLostError, Signal
 from leaseguard.providers.base import BaseLeaseProvider
 
+from .conftest import let_leases_expire
+
 KEY = "chat:{7} ü"
 TTL = 5_000
-SHORT = 150
 
 
-def expire() -> None:
-    time.sleep(SHORT / 1000 + 0.15)
+die = let_leases_expire
 
 
 def sig(n: int | str, payload: Any = None) -> Signal:
@@ -65,9 +64,9 @@ def test_a_signal_that_owns_the_key_is_not_run_twice(provider: BaseLeaseProvider
 
 
 def test_dead_owners_own_signal_is_delivered_again(provider: BaseLeaseProvider) -> None:
-    first = provider.acquire_or_enqueue(KEY, sig(1, {"mine": True}), SHORT)
+    first = provider.acquire_or_enqueue(KEY, sig(1, {"mine": True}), TTL)
     provider.acquire_or_enqueue(KEY, sig(2), TTL)
-    expire()  # s1's process died mid-run
+    die(provider, (KEY, "s1"))  # mid-run
     adopted = provider.adopt_orphans(TTL, 10)
     assert [(k, s.id, s.payload) for k, s in adopted] == [(KEY, "s1", {"mine": True})]
     assert adopted[0][1].token and first.token and adopted[0][1].token > first.token
@@ -79,8 +78,8 @@ def test_a_stale_grant_of_a_redelivered_owner_is_refused(provider: BaseLeaseProv
     # s1 owns the key, pauses past its TTL; s2 arrives and s1's event is delivered again, so the
     # id s1 owns the key a second time, under a higher token. The paused first holder of s1
     # must be refused by its token; the owner id alone cannot tell the two grants apart.
-    stale = provider.acquire_or_enqueue(KEY, sig(1), SHORT)
-    expire()
+    stale = provider.acquire_or_enqueue(KEY, sig(1), TTL)
+    die(provider, (KEY, "s1"))
     again = provider.acquire_or_enqueue(KEY, sig(2), TTL)
     assert again.adopted is not None and again.adopted.id == "s1"
     assert stale.token is not None and again.token is not None and again.token > stale.token
@@ -178,9 +177,9 @@ def test_transfer_to_next_by_non_owner_raises_and_changes_nothing(
 
 
 def test_expired_owner_cannot_hand_off(provider: BaseLeaseProvider) -> None:
-    provider.acquire_lease(KEY, "owner", SHORT)
+    provider.acquire_lease(KEY, "owner", TTL)
     provider.acquire_or_enqueue(KEY, sig(1), TTL)
-    expire()
+    die(provider, (KEY, "owner"))
     with pytest.raises(LeaseLostError):
         provider.transfer_to_next(KEY, "owner", TTL)
     assert provider.pending_signals(KEY) == 1
@@ -224,13 +223,13 @@ def test_inline_handoff_cannot_be_claimed_again(provider: BaseLeaseProvider) -> 
 
 
 def test_adopt_orphans_gives_head_to_a_new_owner(provider: BaseLeaseProvider) -> None:
-    dead = provider.acquire_lease(KEY, "dead", SHORT)
+    dead = provider.acquire_lease(KEY, "dead", TTL)
     provider.acquire_or_enqueue(KEY, sig(1), TTL)
     provider.acquire_or_enqueue(KEY, sig(2), TTL)
-    provider.acquire_lease("alive", "owner", TTL)
+    provider.acquire_lease("alive", "owner", 600_000)  # outlives any time the test moves on
     provider.acquire_or_enqueue("alive", sig(3), TTL)
     assert provider.adopt_orphans(TTL, 10) == []  # nobody died yet
-    expire()
+    die(provider, (KEY, "dead"))
     adopted = provider.adopt_orphans(TTL, 10)
     assert [(k, s.id) for k, s in adopted] == [(KEY, "s1")]
     token = adopted[0][1].token
@@ -243,9 +242,9 @@ def test_adopt_orphans_gives_head_to_a_new_owner(provider: BaseLeaseProvider) ->
 
 def test_adopt_orphans_honours_limit(provider: BaseLeaseProvider) -> None:
     for k in range(5):
-        provider.acquire_lease(f"k{k}", "dead", SHORT)
+        provider.acquire_lease(f"k{k}", "dead", TTL)
         provider.acquire_or_enqueue(f"k{k}", sig(k), TTL)
-    expire()
+    die(provider, *((f"k{k}", "dead") for k in range(5)))
     first = provider.adopt_orphans(TTL, 2)
     rest = provider.adopt_orphans(TTL, 10)
     assert len(first) == 2 and len(rest) == 3
@@ -258,19 +257,19 @@ def test_dead_owner_in_flight_signals_are_redelivered_in_order(
     provider.acquire_lease(KEY, "first", TTL)
     for n in range(4):
         provider.acquire_or_enqueue(KEY, sig(n), TTL)
-    granted = provider.transfer_to_next(KEY, "first", SHORT)
+    granted = provider.transfer_to_next(KEY, "first", TTL)
     assert granted is not None and granted.id == "s0"
     assert [s.id for s in provider.take_signals(KEY, "s0", 2)] == ["s1", "s2"]
-    expire()  # s0 died while running s0, s1 and s2
+    die(provider, (KEY, "s0"))  # while running s0, s1 and s2
     adopted = provider.adopt_orphans(TTL, 10)
     assert [(k, s.id) for k, s in adopted] == [(KEY, "s0")]
     assert [s.id for s in provider.take_signals(KEY, "s0", 10)] == ["s1", "s2", "s3"]
 
 
 def test_new_signal_on_orphaned_key_runs_the_orphans_first(provider: BaseLeaseProvider) -> None:
-    provider.acquire_lease(KEY, "dead", SHORT)
+    provider.acquire_lease(KEY, "dead", TTL)
     provider.acquire_or_enqueue(KEY, sig(1), TTL)
-    expire()
+    die(provider, (KEY, "dead"))
     result = provider.acquire_or_enqueue(KEY, sig(2), TTL)
     assert result.acquired and result.owner == "s1"
     assert result.adopted is not None and result.adopted.id == "s1"
@@ -389,8 +388,8 @@ def test_bad_queue_arguments_are_refused_without_change(
 
 
 def test_plain_acquire_does_not_inherit_a_dead_owners_signals(provider: BaseLeaseProvider) -> None:
-    provider.acquire_or_enqueue(KEY, sig(1), SHORT)  # s1 owns the key; its event is in flight
-    expire()  # s1's process died
+    provider.acquire_or_enqueue(KEY, sig(1), TTL)  # s1 owns the key; its event is in flight
+    die(provider, (KEY, "s1"))
     assert provider.acquire_lease(KEY, "plain-owner", TTL).acquired
     provider.release_lease(KEY, "plain-owner")  # completes only what plain-owner received
     adopted = provider.adopt_orphans(TTL, 10)
