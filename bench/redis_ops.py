@@ -213,13 +213,13 @@ class Bench:
         keys = self.provider.redis_keys(key)
         acquire_sha = ACQUIRE_LUA.sha
         release_sha = RELEASE_LUA.sha
-        acquire_args = (keys[0], key, "bench", TTL_MS)  # acquire declares the lease key only
+        acquire_args = (*keys, key, "bench", TTL_MS)
         release_args = (*keys, key, "bench")
         evalsha = self.client.evalsha
 
         def run() -> None:
             for _ in range(ops):
-                evalsha(acquire_sha, 1, *acquire_args)
+                evalsha(acquire_sha, 5, *acquire_args)
                 evalsha(release_sha, 5, *release_args)
 
         return run, lambda: None
@@ -309,7 +309,7 @@ def leaseguard_python_us(client: redis.Redis) -> float:
     )
     floor = python_cost_us(
         lambda: (
-            stub.execute_command("EVALSHA", ACQUIRE_LUA.sha, 1, keys[0], "k", "bench", TTL_MS),
+            stub.execute_command("EVALSHA", ACQUIRE_LUA.sha, 5, *keys, "k", "bench", TTL_MS),
             stub.execute_command("EVALSHA", RELEASE_LUA.sha, 5, *keys, "k", "bench"),
         )
     )
@@ -333,7 +333,7 @@ def breakdown(bench: Bench, measurements: list[Measurement], ops: int, own_serve
     key, owner = f"{bench.prefix}breakdown", "bench"
     keys = provider.redis_keys(key)
     ours_args = [
-        ("EVALSHA", ACQUIRE_LUA.sha, 1, keys[0], key, owner, TTL_MS),
+        ("EVALSHA", ACQUIRE_LUA.sha, 5, *keys, key, owner, TTL_MS),
         ("EVALSHA", RELEASE_LUA.sha, 5, *keys, key, owner),
     ]
     raw_args = [("SET", key, owner, "NX", "PX", TTL_MS), ("DEL", key)]
