@@ -11,6 +11,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import moto  # noqa: F401  (first: see below)
 import pytest
@@ -18,9 +19,10 @@ import redis
 from redis.cluster import RedisCluster
 
 from leaseguard.providers.base import BaseLeaseProvider
+from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
 from leaseguard.providers.memory import InMemoryLeaseProvider
 from leaseguard.providers.redis import RedisLeaseProvider
-from leaseguard.testing import RedisClusterServers, RedisServer
+from leaseguard.testing import DynamoDBServer, RedisClusterServers, RedisServer
 
 ProviderFactory = Callable[[str], Callable[..., BaseLeaseProvider]]
 
@@ -166,6 +168,48 @@ _FAKE_AWS_ENV = {
     "AWS_SESSION_TOKEN": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
+
+
+@pytest.fixture(scope="session")
+def dynamodb_server() -> Iterator[DynamoDBServer]:
+    """moto's DynamoDB over real HTTP, one request at a time (so botocore's retries, request
+    counts and multi-process races all behave as against the service)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in _FAKE_AWS_ENV.items():
+            patch.setenv(name, value)  # worker processes inherit it
+        with DynamoDBServer() as running:
+            yield running
+
+
+@pytest.fixture(scope="session")
+def dynamodb_endpoint(dynamodb_server: DynamoDBServer) -> str:
+    return dynamodb_server.endpoint_url
+
+
+@pytest.fixture
+def dynamodb_table(dynamodb_server: DynamoDBServer) -> str:
+    name = f"lg-{uuid.uuid4().hex[:12]}"
+    DynamoDBLeaseProvider(
+        name, endpoint_url=dynamodb_server.endpoint_url, region_name="us-east-1"
+    ).create_table()
+    return name
+
+
+@pytest.fixture
+def make_dynamodb(
+    dynamodb_server: DynamoDBServer, dynamodb_table: str
+) -> Callable[..., DynamoDBLeaseProvider]:
+    """Providers on one fresh table of :func:`dynamodb_server`."""
+
+    def build(**options: Any) -> DynamoDBLeaseProvider:
+        return DynamoDBLeaseProvider(
+            dynamodb_table,
+            endpoint_url=dynamodb_server.endpoint_url,
+            region_name="us-east-1",
+            **options,
+        )
+
+    return build
 
 
 @pytest.fixture(params=["memory", "redis", "redis-cluster", "dynamodb"])

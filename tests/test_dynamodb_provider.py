@@ -11,7 +11,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,32 +28,9 @@ TTL = 10_000
 Make = Callable[..., DynamoDBLeaseProvider]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[DynamoDBServer]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AWS_ACCESS_KEY_ID", "testing")
-        patch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        with DynamoDBServer() as running:
-            yield running
-
-
 @pytest.fixture
-def table(server: DynamoDBServer) -> str:
-    name = f"provider-{uuid.uuid4().hex[:8]}"
-    DynamoDBLeaseProvider(
-        name, endpoint_url=server.endpoint_url, region_name="us-east-1"
-    ).create_table()
-    return name
-
-
-@pytest.fixture
-def make(server: DynamoDBServer, table: str) -> Make:
-    def build(**options: Any) -> DynamoDBLeaseProvider:
-        return DynamoDBLeaseProvider(
-            table, endpoint_url=server.endpoint_url, region_name="us-east-1", **options
-        )
-
-    return build
+def make(make_dynamodb: Make) -> Make:
+    return make_dynamodb
 
 
 class Clock:
@@ -211,17 +187,19 @@ def test_the_ttl_attribute_follows_the_lease(make: Make) -> None:
 # -- the table ------------------------------------------------------------------------------------
 
 
-def test_create_table_is_idempotent_and_sets_up_ttl_and_the_index(make: Make, table: str) -> None:
+def test_create_table_is_idempotent_and_sets_up_ttl_and_the_index(
+    make: Make, dynamodb_table: str
+) -> None:
     provider = make()
     provider.create_table()
     provider.create_table()
-    described = provider.client.describe_table(TableName=table)["Table"]
+    described = provider.client.describe_table(TableName=dynamodb_table)["Table"]
     assert described["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
     assert [k["AttributeName"] for k in described["KeySchema"]] == ["pk", "sk"]
     (index,) = described["GlobalSecondaryIndexes"]
     assert index["IndexName"] == "orphans"
     assert index["Projection"]["ProjectionType"] == "KEYS_ONLY"
-    ttl = provider.client.describe_time_to_live(TableName=table)["TimeToLiveDescription"]
+    ttl = provider.client.describe_time_to_live(TableName=dynamodb_table)["TimeToLiveDescription"]
     assert (ttl["TimeToLiveStatus"], ttl["AttributeName"]) == ("ENABLED", "ttl")
 
 
@@ -240,9 +218,9 @@ def test_an_unreachable_endpoint_is_a_backend_error() -> None:
     assert isinstance(info.value.__cause__, EndpointConnectionError)
 
 
-def test_a_missing_table_is_a_backend_error(server: DynamoDBServer) -> None:
+def test_a_missing_table_is_a_backend_error(dynamodb_server: DynamoDBServer) -> None:
     provider = DynamoDBLeaseProvider(
-        "no-such-table", endpoint_url=server.endpoint_url, region_name="us-east-1"
+        "no-such-table", endpoint_url=dynamodb_server.endpoint_url, region_name="us-east-1"
     )
     for call in (
         lambda: provider.acquire_lease("k", "a", TTL),

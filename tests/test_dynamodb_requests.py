@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,15 +19,6 @@ from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
 from leaseguard.testing import DynamoDBServer
 
 TTL = 10_000
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[DynamoDBServer]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AWS_ACCESS_KEY_ID", "testing")
-        patch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        with DynamoDBServer() as running:
-            yield running
 
 
 class Counted:
@@ -48,16 +39,16 @@ class Counted:
 
 
 @pytest.fixture
-def make(server: DynamoDBServer) -> Callable[..., Counted]:
+def make(dynamodb_server: DynamoDBServer) -> Callable[..., Counted]:
     table = f"requests-{uuid.uuid4().hex[:8]}"
     DynamoDBLeaseProvider(
-        table, endpoint_url=server.endpoint_url, region_name="us-east-1"
+        table, endpoint_url=dynamodb_server.endpoint_url, region_name="us-east-1"
     ).create_table()
 
     def build(**options: Any) -> Counted:
         return Counted(
             DynamoDBLeaseProvider(
-                table, endpoint_url=server.endpoint_url, region_name="us-east-1", **options
+                table, endpoint_url=dynamodb_server.endpoint_url, region_name="us-east-1", **options
             )
         )
 

@@ -24,7 +24,7 @@ from botocore.stub import Stubber
 
 from leaseguard import LeaseBackendError, Signal, current_lease, lease_owned
 from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
-from leaseguard.testing import DynamoDBServer, LambdaContext
+from leaseguard.testing import LambdaContext
 
 from .faults import Fence
 
@@ -33,32 +33,9 @@ Make = Callable[..., DynamoDBLeaseProvider]
 ONE_RETRY = Config(retries={"mode": "standard", "total_max_attempts": 2})
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[DynamoDBServer]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AWS_ACCESS_KEY_ID", "testing")
-        patch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        with DynamoDBServer() as running:
-            yield running
-
-
 @pytest.fixture
-def table(server: DynamoDBServer) -> str:
-    name = f"faults-{uuid.uuid4().hex[:8]}"
-    DynamoDBLeaseProvider(
-        name, endpoint_url=server.endpoint_url, region_name="us-east-1"
-    ).create_table()
-    return name
-
-
-@pytest.fixture
-def make(server: DynamoDBServer, table: str) -> Make:
-    def build(**options: Any) -> DynamoDBLeaseProvider:
-        return DynamoDBLeaseProvider(
-            table, endpoint_url=server.endpoint_url, region_name="us-east-1", **options
-        )
-
-    return build
+def make(make_dynamodb: Make) -> Make:
+    return make_dynamodb
 
 
 class _Body:
@@ -276,14 +253,18 @@ def test_a_caller_2s_behind_cannot_take_a_live_lease(make: Make) -> None:
     assert min(attempts.values()) > 10
 
 
-def test_an_owner_clock_behind_beyond_the_margin_is_fenced(make: Make, server: Any) -> None:
+def test_an_owner_clock_behind_beyond_the_margin_is_fenced(
+    make: Make, dynamodb_server: Any
+) -> None:
     """The limit of the clock assumption: an owner whose clock is 2 s slow with a 1 s margin
     writes a deadline that others already see as expired, so the key is taken while the owner
     still believes it holds it. Its renewal is then refused and its fenced write too."""
     now = time.time_ns() // 1_000_000
     slow = make(clock=lambda: now - 2_000, clock_skew_ms=1_000)
     other = make(clock=lambda: now, clock_skew_ms=1_000)
-    fence = Fence(table=f"fence-{uuid.uuid4().hex[:8]}", endpoint=server.endpoint_url).create()
+    fence = Fence(
+        table=f"fence-{uuid.uuid4().hex[:8]}", endpoint=dynamodb_server.endpoint_url
+    ).create()
     mine = slow.acquire_lease("k", "slow", 900)  # deadline now - 1.1 s on the true clock
     taken = other.acquire_lease("k", "other", TTL)
     assert taken.acquired and taken.token and mine.token and taken.token > mine.token

@@ -23,7 +23,6 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,27 +30,13 @@ import pytest
 from leaseguard import current_lease, lease_owned
 from leaseguard.config import ProviderConfig
 from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
-from leaseguard.testing import DynamoDBServer, LambdaContext, RedisClusterServers
+from leaseguard.testing import LambdaContext, RedisClusterServers
 
 from .faults import CountingMetrics, Fence, ListLogger
 
 TTL_MS = 1_000
 SKEW_MS = 200  # DynamoDB's takeover margin in this test (callers share one clock)
-AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 _FORK = mp.get_context("fork")
-
-
-@pytest.fixture(scope="module")
-def dynamodb_endpoint() -> Iterator[str]:
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in AWS_ENV.items():
-            patch.setenv(name, value)
-        with DynamoDBServer(serialized=True) as server:
-            yield server.endpoint_url
 
 
 @pytest.fixture(params=["redis", "redis-cluster", "dynamodb"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,22 +19,7 @@ from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
 from leaseguard.signals import Signal
 from leaseguard.simulate.checker import check
 from leaseguard.simulate.engine import Simulation, SimulationConfig
-from leaseguard.testing import DynamoDBServer, RedisClusterServers
-
-AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-
-
-@pytest.fixture(scope="module")
-def dynamodb_endpoint() -> Iterator[str]:
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in AWS_ENV.items():
-            patch.setenv(name, value)  # inherited by every worker process
-        with DynamoDBServer(serialized=True) as server:
-            yield server.endpoint_url
+from leaseguard.testing import RedisClusterServers
 
 
 @pytest.fixture(params=["memory", "redis", "redis-cluster", "dynamodb"])
