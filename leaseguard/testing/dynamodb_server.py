@@ -33,10 +33,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-from leaseguard.testing.servers import free_port
+from leaseguard.testing.servers import ManagedServer, free_port
 
 _START_TIMEOUT_S = 30.0
 _START_TRIES = 3
@@ -97,7 +96,7 @@ def serve(
     server.serve_forever()
 
 
-class DynamoDBServer:
+class DynamoDBServer(ManagedServer):
     """moto's DynamoDB on ``127.0.0.1:<port>`` in a child process; stop it with :meth:`stop`
     or use it as a context manager. Any region and any credentials are accepted."""
 
@@ -195,17 +194,6 @@ class DynamoDBServer:
         if self._log_dir is not None:
             shutil.rmtree(self._log_dir, ignore_errors=True)
             self._log_dir = None
-
-    def __enter__(self) -> DynamoDBServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

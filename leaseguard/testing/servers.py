@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from leaseguard.errors import ConfigurationError
 
@@ -75,7 +75,29 @@ def free_port(*, cluster_bus: bool = False) -> int:
     raise RuntimeError("no free port found on 127.0.0.1")
 
 
-class RedisServer:
+class ManagedServer:
+    """``with Server() as server:`` starts it and, on the way out, stops it and removes what
+    it wrote. Subclasses define :meth:`start` (returning ``self``) and :meth:`cleanup`."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def cleanup(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()
+
+
+class RedisServer(ManagedServer):
     """One ``redis-server`` process on 127.0.0.1. Persistence is off unless ``appendonly``;
     extra ``redis-server`` options go in ``options`` (``{"maxmemory": "10mb"}``)."""
 
@@ -201,19 +223,8 @@ class RedisServer:
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    def __enter__(self) -> RedisServer:
-        return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.cleanup()
-
-
-class RedisClusterServers:
+class RedisClusterServers(ManagedServer):
     """A Redis Cluster of ``masters`` nodes (no replicas) on free ports, formed with
     ``CLUSTER ADDSLOTS`` and ``CLUSTER MEET`` (no ``redis-cli`` needed)."""
 
@@ -269,20 +280,11 @@ class RedisClusterServers:
             time.sleep(0.1)
         raise RuntimeError("Redis Cluster did not reach cluster_state:ok in time")
 
-    def stop(self) -> None:
+    def cleanup(self) -> None:
         for node in self.nodes:
             node.cleanup()
 
-    def __enter__(self) -> RedisClusterServers:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    stop = cleanup
 
 
 def _as_text_dict(info: Any) -> dict[str, str]:
