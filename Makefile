@@ -5,9 +5,9 @@ BIN := $(VENV)/bin
 DEV_STAMP := $(VENV)/.installed-dev
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: test demo lint typecheck pytest bench clean
+.PHONY: test demo lint typecheck pytest model-check model-check-small bench clean
 
-test: $(DEV_STAMP) lint typecheck pytest sam-validate sam-build
+test: $(DEV_STAMP) lint typecheck model-check-small pytest sam-validate sam-build
 
 demo: $(DEMO_STAMP)
 	$(BIN)/leaseguard simulate --plot demo.png
@@ -21,6 +21,14 @@ typecheck: $(DEV_STAMP)
 
 pytest: $(DEV_STAMP)
 	$(BIN)/pytest
+
+# The protocol model, explored exhaustively under faults, with every seeded mutant caught
+# (docs/protocol.md). make test runs the small bound; `--bound deep` is for a long afternoon.
+model-check: $(DEV_STAMP)
+	$(BIN)/python -m leaseguard.protocol.explore --bound default --min-states 100000
+
+model-check-small: $(DEV_STAMP)
+	$(BIN)/python -m leaseguard.protocol.explore --bound small
 
 bench: $(DEV_STAMP)
 	$(BIN)/pip install -q -e '.[bench]'

@@ -219,8 +219,8 @@ class Bench:
 
         def run() -> None:
             for _ in range(ops):
-                evalsha(acquire_sha, 5, *acquire_args)
-                evalsha(release_sha, 5, *release_args)
+                evalsha(acquire_sha, len(keys), *acquire_args)
+                evalsha(release_sha, len(keys), *release_args)
 
         return run, lambda: None
 
@@ -309,8 +309,10 @@ def leaseguard_python_us(client: redis.Redis) -> float:
     )
     floor = python_cost_us(
         lambda: (
-            stub.execute_command("EVALSHA", ACQUIRE_LUA.sha, 5, *keys, "k", "bench", TTL_MS),
-            stub.execute_command("EVALSHA", RELEASE_LUA.sha, 5, *keys, "k", "bench"),
+            stub.execute_command(
+                "EVALSHA", ACQUIRE_LUA.sha, len(keys), *keys, "k", "bench", TTL_MS
+            ),
+            stub.execute_command("EVALSHA", RELEASE_LUA.sha, len(keys), *keys, "k", "bench"),
         )
     )
     return public - floor
@@ -333,8 +335,8 @@ def breakdown(bench: Bench, measurements: list[Measurement], ops: int, own_serve
     key, owner = f"{bench.prefix}breakdown", "bench"
     keys = provider.redis_keys(key)
     ours_args = [
-        ("EVALSHA", ACQUIRE_LUA.sha, 5, *keys, key, owner, TTL_MS),
-        ("EVALSHA", RELEASE_LUA.sha, 5, *keys, key, owner),
+        ("EVALSHA", ACQUIRE_LUA.sha, len(keys), *keys, key, owner, TTL_MS),
+        ("EVALSHA", RELEASE_LUA.sha, len(keys), *keys, key, owner),
     ]
     raw_args = [("SET", key, owner, "NX", "PX", TTL_MS), ("DEL", key)]
     packer = client.connection_pool.make_connection()  # never connected: it only encodes

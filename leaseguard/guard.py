@@ -33,6 +33,7 @@ from leaseguard.errors import (
     ConfigurationError,
     HandlerKeyError,
     InvalidLeaseArgument,
+    LeaseBackendError,
     LeaseLostError,
 )
 from leaseguard.events import as_json, forwarded_response, rebuild_like, signal_id
@@ -45,6 +46,7 @@ from leaseguard.handoff import (
     parse_envelope,
 )
 from leaseguard.observability import Telemetry
+from leaseguard.protocol.model import DEFAULT_MAX_ATTEMPTS
 from leaseguard.renewal import _CURRENT, LeaseHandle, LeaseRenewer
 from leaseguard.signals import Signal, SignalQueue, is_signal_queue, now_ms
 from leaseguard.validation import check_key, check_positive_int, check_ttl
@@ -131,6 +133,7 @@ class _Guard:
         lambda_client: Any,
         sqs_client: Any,
         telemetry: Telemetry,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ) -> None:
         self.name = getattr(handler, "__qualname__", repr(handler))
         self.key_fn = _compile_key_fn(key_fn, self.name)
@@ -146,6 +149,7 @@ class _Guard:
             self.renew_every_ms = check_positive_int("renew_every_ms", every, self.ttl_ms - 1)
             if handoff_margin_ms != 0:
                 check_positive_int("handoff_margin_ms", handoff_margin_ms, 900_000)
+            self.max_attempts = check_positive_int("max_attempts", max_attempts, 1000)
         except InvalidLeaseArgument as exc:
             raise ConfigurationError(f"@lease_owned on {self.name}: {exc}") from exc
         if handoff not in HANDOFF_MODES:
@@ -229,6 +233,7 @@ class _Invocation:
 
         key = guard.key_of(self.event)
         own = Signal(guard.signal_id_fn(self.event, self.context), as_json(self.event))
+        sent_at = time.monotonic()
         result = provider.acquire_or_enqueue(key, own, guard.ttl_ms)
         if not result.acquired and result.position is None:
             # Already in flight (its owner runs it, or this is a second delivery of the event
@@ -253,11 +258,14 @@ class _Invocation:
         self.telemetry.count("LeaseAcquired")
         first = result.adopted or replace(own, token=result.token)
         return (
-            yield from self._chain(key, first, primary=own.id, own_event=result.adopted is None)
+            yield from self._chain(
+                key, first, sent_at, primary=own.id, own_event=result.adopted is None
+            )
         )
 
     def _receive(self, envelope: Envelope) -> Generator[_Run, _Outcome, Any]:
         guard = self.guard
+        sent_at = time.monotonic()
         signal = guard.provider.claim_signal(
             envelope.key, envelope.owner, envelope.token, guard.ttl_ms
         )
@@ -278,19 +286,30 @@ class _Invocation:
                 }
             }
         self.telemetry.count("LeaseAcquired")
-        return (yield from self._chain(envelope.key, signal, primary=signal.id, own_event=False))
+        return (
+            yield from self._chain(
+                envelope.key, signal, sent_at, primary=signal.id, own_event=False
+            )
+        )
 
     def _chain(
-        self, key: str, first: Signal, *, primary: str, own_event: bool
+        self, key: str, first: Signal, sent_at: float, *, primary: str, own_event: bool
     ) -> Generator[_Run, _Outcome, Any]:
-        """Run ``first``, then each signal the lease is handed to while it can run inline."""
+        """Run ``first``, then each signal the lease is handed to while it can run inline.
+        ``sent_at`` is when the request that granted ``first`` was sent."""
         guard, provider, telemetry = self.guard, self.guard.provider, self.telemetry
         primary_outcome: _Outcome | None = None
         longest_ms = 0.0
         current: Signal | None = first
         while current is not None:
             handle = LeaseHandle(
-                provider, key, current.id, current.token, guard.ttl_ms, on_lost=self._lost_callback
+                provider,
+                key,
+                current.id,
+                current.token,
+                guard.ttl_ms,
+                on_lost=self._lost_callback,
+                sent_at=sent_at,
             )
             is_primary = current.id == primary
             if is_primary and own_event:
@@ -307,11 +326,20 @@ class _Invocation:
             held_ms = (time.monotonic() - started) * 1000
             longest_ms = max(longest_ms, held_ms)
             telemetry.timing("LeaseHoldMs", held_ms)
+            # The platform retries the invocation's own event (it re-raises); every other
+            # signal this run held is retried from the queue, or dead-lettered.
+            platform_retries = is_primary and own_event
             if is_primary:
                 primary_outcome = outcome
-            elif outcome.error is not None:
-                self._signal_failed(key, current, outcome.error)
-
+            error = outcome.error
+            if error is None and handle.take_failed:
+                error = LeaseBackendError("take_signals failed during the run")
+            if error is not None:
+                owned = [] if platform_retries else [current]
+                for signal in owned + handle.taken:
+                    self._signal_failed(key, signal, error)
+                if platform_retries and outcome.error is None:
+                    primary_outcome = _Outcome(error=error)
             if handle.lost:
                 telemetry.count("LeaseLost")
                 telemetry.log(
@@ -323,9 +351,17 @@ class _Invocation:
                 )
                 break
             remote = self._hand_off_remotely(longest_ms)
+            report: dict[str, Any] = {}
+            if error is not None:
+                report = {
+                    "error": f"{type(error).__name__}: {error}",
+                    "requeue_owner": not platform_retries,
+                    "max_attempts": guard.max_attempts,
+                }
+            sent_at = time.monotonic()
             try:
                 nxt = provider.transfer_to_next(
-                    key, current.id, guard.ttl_ms, claim=not remote, **handle.grant
+                    key, current.id, guard.ttl_ms, claim=not remote, **handle.grant, **report
                 )
             except LeaseLostError as lost:
                 # No holder at all: the lease expired, or the backend lost it (a Redis restart
@@ -358,7 +394,11 @@ class _Invocation:
             # it stays queued and runs later, like any forwarded event.
             return _forwarded_body(key, primary, None, None, status="queued")
         if primary_outcome.error is not None:
-            raise primary_outcome.error
+            if own_event:
+                raise primary_outcome.error
+            # A queued signal (a hand-off receiver's, or an adopted one): the backend retries or
+            # dead-letters it; re-raising would only make Lambda resend a spent envelope.
+            return _forwarded_body(key, primary, None, None, status="failed, retried from queue")
         return primary_outcome.value
 
     def _hand_off_remotely(self, longest_ms: float) -> bool:
@@ -397,12 +437,15 @@ class _Invocation:
         self.telemetry.count("HandoffDispatched")
 
     def _signal_failed(self, key: str, signal: Signal, error: BaseException) -> None:
-        self.telemetry.count("SignalFailed")
+        dead = signal.attempts + 1 >= self.guard.max_attempts
+        self.telemetry.count("SignalDeadLettered" if dead else "SignalFailed")
         self.telemetry.log(
             logging.ERROR,
-            "handler failed on a forwarded signal",
+            "handler failed on a forwarded signal; "
+            + ("dead-lettered" if dead else "it goes back to the head of the queue"),
             lease_key=key,
             signal_id=signal.id,
+            attempts=signal.attempts + 1,
             error=f"{type(error).__name__}: {error}",
         )
         callback = self.guard.on_signal_error
@@ -560,6 +603,7 @@ def lease_owned(
     logger: Any = None,
     metrics: Any = None,
     tracer: Any = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> Callable[[F], F]:
     """Guard a Lambda handler (or a Powertools batch record handler) with a lease on
     ``key_fn(event)``.
@@ -575,8 +619,12 @@ def lease_owned(
     async ``Invoke`` of this function; ``"inline"``, ``"invoke"`` and ``"sqs"`` force one way.
 
     ``on_lost(handle)`` runs when renewal fails; ``on_signal_error(signal, exc)`` when the
-    handler raises on a forwarded signal (the invocation's own event re-raises instead, so
-    Lambda's retry applies). ``logger``, ``metrics`` and ``tracer`` take Powertools objects.
+    handler raises on a forwarded signal, or on a run that had taken it with
+    ``take_signals``: such a signal goes back to the head of the key's queue and is retried,
+    and after ``max_attempts`` failed runs it is dead-lettered on the key
+    (``inspect_key(key).dead_letters``). The invocation's own event re-raises instead, so
+    Lambda's (or SQS's) retry applies. ``logger``, ``metrics`` and ``tracer`` take Powertools
+    objects.
     """
 
     def decorate(fn: F) -> F:
@@ -595,6 +643,7 @@ def lease_owned(
             lambda_client,
             sqs_client,
             Telemetry(logger=logger, metrics=metrics, tracer=tracer),
+            max_attempts,
         )
 
         if inspect.iscoroutinefunction(fn):

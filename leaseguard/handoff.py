@@ -32,6 +32,7 @@ from leaseguard.events import as_json, is_sqs_record
 from leaseguard.validation import check_key, check_owner
 
 ENVELOPE_FIELD = "leaseguard_handoff"
+MAX_TOKEN = 2**63 - 1  # what every backend stores; a larger "token" is a forgery
 ENVELOPE_VERSION = 1
 MAX_ENVELOPE_PAYLOAD_BYTES = 64 * 1024
 
@@ -82,8 +83,8 @@ def parse_envelope(event: Any) -> Envelope | None:
     if body.get("version") != ENVELOPE_VERSION:
         raise InvalidEnvelope(f"unsupported handoff envelope version {body.get('version')!r}")
     token = body.get("token")
-    if isinstance(token, bool) or not isinstance(token, int) or token <= 0:
-        raise InvalidEnvelope("handoff envelope token must be a positive int")
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 < token <= MAX_TOKEN:
+        raise InvalidEnvelope(f"handoff envelope token must be an int in 1..{MAX_TOKEN}")
     try:
         key = check_key(body.get("key"))
         owner = check_owner(body.get("owner"))

@@ -56,7 +56,13 @@ class LeaseHandle:
         token: int | None,
         ttl_ms: int,
         on_lost: Callable[[LeaseHandle], None] | None = None,
+        *,
+        sent_at: float | None = None,
     ) -> None:
+        """``sent_at`` is when the request that granted the lease was *sent*
+        (:func:`time.monotonic`): the backend started the TTL no earlier, so counting from the
+        reply instead would let a slow reply stretch this process's belief past the backend's
+        deadline (docs/protocol.md, invariant (a))."""
         self.provider = provider
         self.key = key
         self.owner = owner
@@ -65,8 +71,11 @@ class LeaseHandle:
         self.lost_reason: str | None = None
         self._on_lost = on_lost
         self._lock = threading.Lock()
-        self._valid_until = time.monotonic() + ttl_ms / 1000
-        self.acquired_at = time.monotonic()
+        self._valid_until = (time.monotonic() if sent_at is None else sent_at) + ttl_ms / 1000
+        self.taken: list[Signal] = []
+        # A take_signals call that failed may have moved signals in flight that the handler
+        # never saw: the run then ends as failed, which retries them instead of completing.
+        self.take_failed = False
         # Owner-side calls name this grant by its token, not only by the owner id: after a
         # takeover the same id can own the key again (its signal was delivered again), and this
         # handle must then be refused. Built-in providers take the token; others get the id.
@@ -99,10 +108,15 @@ class LeaseHandle:
         """Drain up to ``limit`` follow-up signals queued for this key, oldest first. They are
         this owner's to handle: if it dies before finishing, they are delivered again."""
         try:
-            return self.provider.take_signals(self.key, self.owner, limit, **self.grant)
+            taken = self.provider.take_signals(self.key, self.owner, limit, **self.grant)
         except LeaseLostError:
             self.mark_lost("take_signals found the lease owned by someone else")
             raise
+        except Exception:
+            self.take_failed = True
+            raise
+        self.taken.extend(taken)
+        return taken
 
     def renewed(self, sent_at: float) -> None:
         with self._lock:

@@ -54,6 +54,21 @@ class Signal:
     payload: JSONValue
     enqueued_at_ms: int = field(default_factory=now_ms)
     token: int | None = None
+    attempts: int = 0
+    """How many runs of this signal failed so far (0 on its first delivery)."""
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A signal whose handler failed ``attempts`` times: kept on its key with its payload and
+    the last error, never run again unless redriven."""
+
+    id: str
+    payload: JSONValue
+    attempts: int
+    error: str
+    enqueued_at_ms: int
+    failed_at_ms: int
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,7 @@ class KeyState:
     remaining_ms: int | None
     queued: tuple[Signal, ...]
     in_flight: tuple[str, ...]
+    dead_letters: tuple[DeadLetter, ...] = ()
 
 
 def encode_signal(signal: Signal, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
@@ -75,9 +91,17 @@ def encode_signal(signal: Signal, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_B
     return f'{{"at":{int(signal.enqueued_at_ms)},"p":{body}}}'
 
 
-def decode_signal(signal_id: str, stored: str | bytes, token: int | None = None) -> Signal:
+def decode_signal(
+    signal_id: str, stored: str | bytes, token: int | None = None, attempts: int = 0
+) -> Signal:
     record = json.loads(stored)
-    return Signal(id=signal_id, payload=record["p"], enqueued_at_ms=record["at"], token=token)
+    return Signal(
+        id=signal_id,
+        payload=record["p"],
+        enqueued_at_ms=record["at"],
+        token=token,
+        attempts=attempts,
+    )
 
 
 @runtime_checkable

@@ -98,7 +98,13 @@ def encode_payload(payload: object, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) 
         text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidLeaseArgument(f"payload is not JSON-serializable: {exc}") from exc
-    size = len(text.encode("utf-8"))
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        # A lone surrogate ("\ud800") is legal JSON but not UTF-8: keep it as a \u escape,
+        # which every backend stores and json.loads gives back unchanged.
+        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+        size = len(text)
     if size > max_bytes:
         raise InvalidLeaseArgument(
             f"payload is {size} bytes of JSON; the limit is {max_bytes} (max_payload_bytes)"

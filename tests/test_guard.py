@@ -477,7 +477,7 @@ def test_own_failure_reraises_after_handing_off(provider: BaseLeaseProvider) -> 
     assert provider.get_lease_owner("e") is None
 
 
-def test_failing_forwarded_signal_is_reported_and_the_chain_goes_on(
+def test_failing_forwarded_signal_is_retried_then_dead_lettered_and_the_chain_goes_on(
     provider: BaseLeaseProvider,
 ) -> None:
     failures: list[tuple[str, str]] = []
@@ -507,8 +507,62 @@ def test_failing_forwarded_signal_is_reported_and_the_chain_goes_on(
     handler({"k": "p", "n": 2}, LambdaContext())
     release.set()
     thread.join()
-    assert recorder_order == [0, 1, 2]
-    assert failures == [(ctx1.aws_request_id, "poison")]
+    # Retried at the head of the queue (2 waits behind it), dead-lettered after 3 runs.
+    assert recorder_order == [0, 1, 1, 1, 2]
+    assert failures == [(ctx1.aws_request_id, "poison")] * 3
+    state = provider.inspect_key("p")
+    assert [(d.id, d.attempts, d.payload["n"]) for d in state.dead_letters] == [
+        (ctx1.aws_request_id, 3, 1)
+    ]
+    assert "poison" in state.dead_letters[0].error
+    assert state.owner is None and not state.queued and not state.in_flight
+
+
+def test_signals_taken_by_a_run_that_raises_are_retried_not_dropped(
+    provider: BaseLeaseProvider,
+) -> None:
+    """The README's drain pattern: follow-ups taken with take_signals() and then the handler
+    raises. They go back to the head of the queue (the own event goes to the platform)."""
+    handled: list[int] = []
+    errors: list[str] = []
+    started, release = threading.Event(), threading.Event()
+
+    @lease_owned(
+        lambda e: e["k"],
+        provider=provider,
+        ttl_ms=TTL,
+        on_signal_error=lambda s, e: errors.append(s.payload["n"]),
+    )
+    def handler(event: dict[str, Any], context: Any) -> int:
+        if event["n"] == 0:
+            started.set()
+            release.wait(10)
+            taken = current_lease().take_signals(10)
+            assert [s.payload["n"] for s in taken] == [1, 2]
+            raise RuntimeError("crashed while handling the batch")
+        handled.append(event["n"])
+        return int(event["n"])
+
+    outcome: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            handler({"k": "t", "n": 0}, LambdaContext())
+        except RuntimeError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert started.wait(10)
+    handler({"k": "t", "n": 1}, LambdaContext())
+    handler({"k": "t", "n": 2}, LambdaContext())
+    release.set()
+    thread.join()
+    assert len(outcome) == 1  # the invocation's own event re-raises: the platform retries it
+    assert errors == [1, 2]
+    assert handled == [1, 2]  # retried inline, in order, after the failed run
+    state = provider.inspect_key("t")
+    assert state.owner is None and not state.queued and not state.dead_letters
 
 
 def test_orphans_run_before_a_new_event(provider: BaseLeaseProvider) -> None:

@@ -340,6 +340,52 @@ def test_inspect_key(rig: Rig, key: str) -> None:
     assert state.owner == "a" and [s.id for s in state.queued] == ["s1"]
 
 
+def test_a_failure_report_is_one_round_trip(rig: Rig, key: str) -> None:
+    """[G6]: retrying, dead-lettering and handing off after a failure is still one script."""
+    held = rig.provider.acquire_lease(key, "a", TTL)
+    for n in (1, 2, 3):
+        rig.provider.acquire_or_enqueue(key, Signal(f"s{n}", n), TTL)
+    rig.provider.take_signals(key, "a", 2, token=held.token)
+    nxt = rig.watch.one(
+        lambda: rig.provider.transfer_to_next(key, "a", TTL, token=held.token, error="boom")
+    )
+    assert nxt is not None and (nxt.id, nxt.attempts) == ("s1", 1)
+    token = nxt.token
+    handed = rig.watch.one(
+        lambda: rig.provider.transfer_to_next(
+            key, "s1", TTL, token=token, error="again", max_attempts=2, requeue_owner=False
+        )
+    )
+    assert handed is not None and handed.id == "s2" and handed.attempts == 1
+    state = rig.watch.one(lambda: rig.provider.inspect_key(key))
+    assert [s.id for s in state.queued] == ["s3"] and state.dead_letters == ()
+
+
+def test_dead_letters_are_read_in_the_same_round_trip(rig: Rig, key: str) -> None:
+    held = rig.provider.acquire_or_enqueue(key, Signal("s1", 1), TTL)
+    rig.provider.transfer_to_next(key, "s1", TTL, token=held.token, error="x", max_attempts=1)
+    state = rig.watch.one(lambda: rig.provider.inspect_key(key))
+    assert [(d.id, d.error) for d in state.dead_letters] == [("s1", "x")]
+
+
+def test_a_duplicate_is_one_round_trip(rig: Rig, key: str) -> None:
+    """[Q5]: the completed-id memory is read inside the acquire_or_enqueue script."""
+    held = rig.provider.acquire_or_enqueue(key, Signal("s1", 1), TTL)
+    rig.watch.one(lambda: rig.provider.transfer_to_next(key, "s1", TTL, token=held.token))
+    again = rig.watch.one(lambda: rig.provider.acquire_or_enqueue(key, Signal("s1", 1), TTL))
+    assert not again.acquired and (again.owner, again.token, again.position) == (None, None, None)
+
+
+def test_a_resend_recognised_by_the_done_memory_is_one_round_trip(rig: Rig, key: str) -> None:
+    """[N4]: a resent transfer_to_next after a newcomer came and went answers None."""
+    held = rig.provider.acquire_lease(key, "a", TTL)
+    rig.provider.transfer_to_next(key, "a", TTL, token=held.token)
+    rig.provider.acquire_lease(key, "b", TTL)
+    rig.provider.release_lease(key, "b")
+    resent = rig.watch.one(lambda: rig.provider.transfer_to_next(key, "a", TTL, token=held.token))
+    assert resent is None
+
+
 # -- Cluster: the one command goes to the node that holds the key -------------------------------
 
 

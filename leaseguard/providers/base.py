@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from leaseguard.contract import LeaseResult
 from leaseguard.errors import InvalidLeaseArgument
+from leaseguard.protocol.model import DEFAULT_MAX_ATTEMPTS, MAX_ERROR_CHARS, Failure
 from leaseguard.signals import KeyState, Signal, encode_signal
 from leaseguard.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -84,14 +85,37 @@ class BaseLeaseProvider(ABC):
         )
 
     def transfer_to_next(
-        self, key: str, owner: str, ttl_ms: int, *, claim: bool = True, token: int | None = None
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        claim: bool = True,
+        token: int | None = None,
+        error: str | None = None,
+        requeue_owner: bool = True,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ) -> Signal | None:
+        """``error`` (the failure's text) says the owner's run failed: every signal it holds
+        in flight goes back to the head of the queue with one more attempt, or is
+        dead-lettered at ``max_attempts``; ``requeue_owner=False`` leaves the owner's own
+        signal to the platform's retry instead (docs/protocol.md, row G6)."""
+        failure = None
+        if error is not None:
+            if not isinstance(error, str):
+                raise InvalidLeaseArgument(f"error must be a str or None, got {type(error)}")
+            failure = Failure(
+                error.encode("utf-8", "replace").decode("utf-8")[:MAX_ERROR_CHARS] or "error",
+                _check_bool("requeue_owner", requeue_owner),
+                check_positive_int("max_attempts", max_attempts, 1000),
+            )
         return self._transfer_to_next(
             check_key(key),
             check_owner(owner),
             check_ttl(ttl_ms),
             _check_bool("claim", claim),
             check_token(token),
+            failure,
         )
 
     def claim_signal(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:
@@ -150,7 +174,13 @@ class BaseLeaseProvider(ABC):
 
     @abstractmethod
     def _transfer_to_next(
-        self, key: str, owner: str, ttl_ms: int, claim: bool, token: int | None = None
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        claim: bool,
+        token: int | None = None,
+        failure: Failure | None = None,
     ) -> Signal | None: ...
 
     @abstractmethod

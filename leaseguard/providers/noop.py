@@ -8,6 +8,7 @@ always ``0``.
 from __future__ import annotations
 
 from leaseguard.contract import LeaseResult
+from leaseguard.protocol.model import Failure
 from leaseguard.signals import KeyState, Signal
 
 from .base import BaseLeaseProvider
@@ -42,7 +43,13 @@ class NoopLeaseProvider(BaseLeaseProvider):
         return []
 
     def _transfer_to_next(
-        self, key: str, owner: str, ttl_ms: int, claim: bool, token: int | None = None
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        claim: bool,
+        token: int | None = None,
+        failure: Failure | None = None,
     ) -> Signal | None:
         return None
 

@@ -4,15 +4,24 @@ Every operation is one Lua script (``providers/lua/*.lua``), registered once and
 EVALSHA; redis-py loads it again on NOSCRIPT. A refused acquire names the holder from the same
 script. Expiry is the server's: the lease hash carries ``PEXPIRE``, no client clock is read.
 
+**The protocol.** The scripts implement the rows of the executable model
+(:mod:`leaseguard.protocol.model`, which :class:`~leaseguard.providers.memory.InMemoryLeaseProvider`
+runs on) one step per script run; each script names the rows it implements. Completed signal ids
+are remembered for :data:`~leaseguard.protocol.model.DEDUPE_WINDOW_MS` (at most
+:data:`~leaseguard.protocol.model.DONE_LIMIT` per key), failed signals are retried or
+dead-lettered, exactly as the model does.
+
 **Retries.** redis-py resends a command whose connection dropped, also after Redis ran it. Every
 script is safe to run twice: a transfer or hand-off finds itself as the previous owner (``p``,
-``pt``), a take finds its nonce (``k``), a grant or claim finds the nonce of the call that made
-it (``w``) and returns the first run's result; renew and release are idempotent already.
+``pt``) or its grant remembered as completed (``done``), a take finds its nonce (``k``), a grant
+or claim finds the nonce of the call that made it (``w``) and returns the first run's result;
+renew and release are idempotent already.
 
 **Key layout.** For a user key ``k`` and prefix ``lg:`` the keys are ``lg:{t}:lease``,
-``lg:{t}:queue``, ``lg:{t}:signals`` and ``lg:{t}:inflight``, where ``t`` is ``k`` with ``%``,
-``{`` and ``}`` percent-encoded (``%25``, ``%7B``, ``%7D``). The encoding is injective, so two
-user keys never share Redis keys, and ``t`` contains no brace, so the hash tag is exactly
+``lg:{t}:queue``, ``lg:{t}:signals``, ``lg:{t}:inflight``, ``lg:{t}:done``, ``lg:{t}:donetok``,
+``lg:{t}:attempts`` and ``lg:{t}:dead`` (see ``lua/_prelude.lua``), where ``t`` is ``k`` with
+``%``, ``{`` and ``}`` percent-encoded (``%25``, ``%7B``, ``%7D``). The encoding is injective, so
+two user keys never share Redis keys, and ``t`` contains no brace, so the hash tag is exactly
 ``t`` and all of a key's Redis keys land in one Cluster slot whatever the user key holds
 (spaces, newlines, unicode and braces included). Keys with pending signals are indexed in a
 sorted set scored by the owner's deadline: ``lg:index`` on a standalone server, and on Cluster
@@ -20,17 +29,25 @@ one ``lg:{s}:index`` per slot, where ``s`` is a short string that hashes to the 
 the user key, so the index is updated inside the same script.
 
 **Fencing tokens** are ``max(last token + 1, server clock in µs)`` (``TIME`` inside the
-script). The last token lives in the lease hash while the lease lives and for 60 s after a
-release; once the hash is gone (expired, or lost in a restart without persistence) the server
-clock alone is above every token issued before. Assumptions: the server's clock does not step
-back by more than that (a failover promotes a replica whose clock is NTP-synced), and a key
-changes owner less than once per microsecond (each change is a separate script run).
+script). The last token lives in the lease hash while the lease lives and for 300 s after a
+release (as long as the released owner is remembered as done); once the hash is gone (expired,
+or lost in a restart without persistence) the server clock alone is above every token issued
+before. Assumptions: the server's clock does not step back by more than that (a failover
+promotes a replica whose clock is NTP-synced), and a key changes owner less than once per
+microsecond (each change is a separate script run).
+
+**Where Redis differs from the model.** The model keeps a key's record after its owner's lease
+*expired*; Redis expires the whole lease hash with the lease. The token after an expiry then
+comes from the clock alone (higher, never lower: only the values differ), and ``p``/``pt`` are
+read from their copy in the done memory (``donetok``), which lasts as long as the last
+completion is remembered (300 s) rather than as long as the model's record.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import re
 import time
 import uuid
@@ -42,7 +59,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from leaseguard.contract import LeaseResult
 from leaseguard.errors import InvalidLeaseArgument, LeaseBackendError, LeaseLostError
-from leaseguard.signals import KeyState, Signal, decode_signal
+from leaseguard.protocol.model import DEDUPE_WINDOW_MS, DONE_LIMIT, TOKEN_MEMORY_MS, Failure
+from leaseguard.signals import DeadLetter, KeyState, Signal, decode_signal
 from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES
 
 from .base import BaseLeaseProvider
@@ -63,10 +81,17 @@ class LuaScript:
     sha: str
 
 
+# The model's constants, defined above the prelude of every script (one source of truth).
+_CONSTANTS = (
+    f"local DEDUPE_WINDOW_MS, DONE_LIMIT, TOKEN_MEMORY_MS = "
+    f"{DEDUPE_WINDOW_MS}, {DONE_LIMIT}, {TOKEN_MEMORY_MS}\n"
+)
+
+
 def _lua(name: str) -> LuaScript:
     package = resources.files("leaseguard.providers") / "lua"
     prelude = (package / "_prelude.lua").read_text(encoding="utf-8")
-    text = prelude + "\n" + (package / f"{name}.lua").read_text(encoding="utf-8")
+    text = _CONSTANTS + prelude + "\n" + (package / f"{name}.lua").read_text(encoding="utf-8")
     return LuaScript(name, text, hashlib.sha1(text.encode("utf-8")).hexdigest())
 
 
@@ -219,7 +244,17 @@ class RedisLeaseProvider(BaseLeaseProvider):
             tag = escape_key(key)
             base = f"{self.prefix}{{{tag}}}"
             index = self._index_key(key_slot(tag) if self.cluster else 0)
-            keys = [f"{base}:lease", f"{base}:queue", f"{base}:signals", f"{base}:inflight", index]
+            keys = [
+                f"{base}:lease",
+                f"{base}:queue",
+                f"{base}:signals",
+                f"{base}:inflight",
+                index,
+                f"{base}:done",
+                f"{base}:donetok",
+                f"{base}:attempts",
+                f"{base}:dead",
+            ]
             if len(self._keys) >= _KEY_CACHE_SIZE:
                 self._keys.clear()
             self._keys[key] = keys
@@ -275,31 +310,51 @@ class RedisLeaseProvider(BaseLeaseProvider):
         self, key: str, signal: Signal, record: str, ttl_ms: int
     ) -> LeaseResult:
         reply = self._run(ACQUIRE_OR_ENQUEUE_LUA, key, signal.id, record, ttl_ms, _nonce())
-        holder, token = _text(reply[1]), int(reply[2])
         if reply[0] == 1:
-            adopted = decode_signal(holder, reply[3], token) if len(reply) > 3 else None
+            holder, token = _text(reply[1]), int(reply[2])
+            adopted = _signal(reply[1:5]) if len(reply) > 3 else None
             return LeaseResult(True, holder, token, adopted=adopted)
-        return LeaseResult(False, holder, token, position=int(reply[3]) or None)
+        # Not acquired: queued, in flight, a second delivery or a duplicate; on a free key (a
+        # duplicate) there is no holder and no token.
+        holder_text, token_text = _text(reply[1]), _text(reply[2])
+        return LeaseResult(
+            False,
+            holder_text or None,
+            int(token_text) if token_text else None,
+            position=int(reply[3]) or None,
+        )
 
     def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]:
         reply = self._run(TAKE_SIGNALS_LUA, key, owner, limit, _nonce(), _fence(token))
         if reply[0] != 1:
             raise LeaseLostError(key, owner, _text(reply[1]) or None)
-        return [decode_signal(_text(i), s) for i, s in zip(reply[1::2], reply[2::2], strict=True)]
+        return _signals(reply[1:])
 
     def _transfer_to_next(
-        self, key: str, owner: str, ttl_ms: int, claim: bool, token: int | None = None
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        claim: bool,
+        token: int | None = None,
+        failure: Failure | None = None,
     ) -> Signal | None:
-        reply = self._run(TRANSFER_TO_NEXT_LUA, key, owner, ttl_ms, int(claim), _fence(token))
+        if failure is None:
+            failed: tuple[str | int, ...] = (0, "", 1, 1)
+        else:
+            failed = (1, failure.error, int(failure.requeue_owner), failure.max_attempts)
+        reply = self._run(
+            TRANSFER_TO_NEXT_LUA, key, owner, ttl_ms, int(claim), _fence(token), *failed
+        )
         if reply[0] == 0:
             raise LeaseLostError(key, owner, _text(reply[1]) or None)
         if reply[0] == 2:
             return None
-        return decode_signal(_text(reply[1]), reply[3], int(reply[2]))
+        return _signal(reply[1:5])
 
     def _claim(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:
         reply = self._run(CLAIM_SIGNAL_LUA, key, owner, str(token), ttl_ms, _nonce())
-        return decode_signal(owner, reply[1], token) if reply[0] == 1 else None
+        return decode_signal(owner, reply[1], token, int(reply[2])) if reply[0] == 1 else None
 
     def _pending(self, key: str) -> int:
         try:
@@ -312,7 +367,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
         for key in self._orphan_candidates(limit):
             reply = self._run(ADOPT_LUA, key, ttl_ms, int(claim), _nonce())
             if reply[0] == 1:
-                adopted.append((key, decode_signal(_text(reply[1]), reply[3], int(reply[2]))))
+                adopted.append((key, _signal(reply[1:5])))
         return adopted
 
     def _orphan_candidates(self, limit: int) -> list[str]:
@@ -334,18 +389,53 @@ class RedisLeaseProvider(BaseLeaseProvider):
         return [_text(m) for m in found[:limit]]
 
     def _inspect(self, key: str) -> KeyState:
-        owner, token, pttl, queued, in_flight = self._run(INSPECT_LUA, key)
+        owner, token, pttl, queued, in_flight, dead = self._run(INSPECT_LUA, key)
         live = bool(_text(owner))
         return KeyState(
             key=key,
             owner=_text(owner) if live else None,
             token=int(token) if live else None,
             remaining_ms=int(pttl) if live else None,
-            queued=tuple(
-                decode_signal(_text(i), s) for i, s in zip(queued[::2], queued[1::2], strict=True)
-            ),
+            queued=tuple(_signals(queued)),
             in_flight=tuple(_text(i) for i in in_flight),
+            dead_letters=_dead_letters(dead),
         )
+
+
+def _signal(reply: list[Any]) -> Signal:
+    """``[id, token, stored, attempts]`` from a script: the signal that owns the key."""
+    signal_id, token, stored, attempts = reply
+    return decode_signal(_text(signal_id), stored, int(token), int(attempts))
+
+
+def _signals(flat: list[Any]) -> list[Signal]:
+    """``[id, stored, attempts, ...]`` from a script: queued or taken signals (no token)."""
+    return [
+        decode_signal(_text(i), s, None, int(a))
+        for i, s, a in zip(flat[::3], flat[1::3], flat[2::3], strict=True)
+    ]
+
+
+def _dead_letters(flat: list[Any]) -> tuple[DeadLetter, ...]:
+    """``[id, entry, ...]`` (HGETALL of the dead hash) in the order they were dead-lettered."""
+    entries = sorted(
+        ((_text(i), json.loads(e)) for i, e in zip(flat[::2], flat[1::2], strict=True)),
+        key=lambda item: int(item[1]["n"]),
+    )
+    letters = []
+    for signal_id, entry in entries:
+        signal = decode_signal(signal_id, entry["r"])
+        letters.append(
+            DeadLetter(
+                id=signal_id,
+                payload=signal.payload,
+                attempts=int(entry["a"]),
+                error=str(entry["e"]),
+                enqueued_at_ms=signal.enqueued_at_ms,
+                failed_at_ms=int(entry["at"]),
+            )
+        )
+    return tuple(letters)
 
 
 def _nonce() -> str:

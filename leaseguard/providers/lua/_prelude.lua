@@ -1,29 +1,58 @@
--- Shared by every leaseguard script. All keys of one lease key share one hash tag, so each
--- script runs on one Redis Cluster node and touches nothing else.
---   KEYS[1] lease     hash {o=owner, t=token, c=claimed, p/pt=previous owner and its token,
---                            k/kn=take nonce/count, w=nonce of the call that granted/claimed}
+-- Shared by every leaseguard script: the shared rows [G1]..[G7] of the protocol model
+-- (leaseguard/protocol/model.py, the spec; each script names the rows it implements). All keys
+-- of one lease key share one hash tag, so each script runs on one Redis Cluster node and
+-- touches nothing else.
+--   KEYS[1] lease     hash {o=owner, t=token, c=claimed, w=grant nonce, p/pt=previous owner and
+--                           its token ('' for none), k/kn=take nonce/count}; PEXPIRE = the
+--                           owner's deadline [G1] (expiry is the server's)
 --   KEYS[2] queue     list of signal ids, oldest first
 --   KEYS[3] signals   hash id -> stored signal, for queued and in-flight signals
 --   KEYS[4] inflight  list of ids the current owner received and has not completed
---   KEYS[5] index     zset of lease keys with work pending -> deadline (server ms)
+--   KEYS[5] index     zset of user keys with work pending -> deadline (server ms)
+--   KEYS[6] done      zset id -> insertion number: completed ids, oldest first [G2]
+--   KEYS[7] donetok   hash id -> "<completed at ms>:<grant token>:<ok 1|0>" [G2]; and field
+--                           '' (never an id) -> "<pt>:<p>": p/pt again, for [N4] after the lease
+--                           hash expired with its owner (the model keeps p/pt then)
+--   KEYS[8] attempts  hash id -> failed runs so far, for stored signals that failed (absent: 0)
+--   KEYS[9] dead      hash id -> JSON {n=order, r=stored signal, a=attempts, e=error, at=ms}:
+--                           the key's dead letters [G6]
 --   ARGV[1] the user's key (the index member)
+-- DEDUPE_WINDOW_MS, DONE_LIMIT and TOKEN_MEMORY_MS are defined above this text by
+-- leaseguard/providers/redis.py from the model's constants.
 local lease, queue, sigs, inflight, index = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local done, donetok, attempts, dead = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local member = ARGV[1]
--- A released lease keeps its token this long, so an immediate re-acquire continues from it.
-local TOKEN_MEMORY_MS = 60000
-local CHUNK = 1000
+-- [G7] A released key keeps t, p and pt while the model keeps its record: at least the token
+-- memory, and as long as the released owner is remembered as done.
+local RELEASED_MEMORY_MS = math.max(TOKEN_MEMORY_MS, DEDUPE_WINDOW_MS)
+local CHUNK = 1000 -- unpack() has a C-stack limit (8000): big id lists go in chunks
 
+-- The model's `now`: one server time per step, read on first use.
+local clock_us
 local function now_us()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if not clock_us then
+    local t = redis.call('TIME')
+    clock_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return clock_us
+end
+
+local function now_ms()
+  return math.floor(now_us() / 1000)
 end
 
 local function fmt(n)
   return string.format('%.0f', n)
 end
 
--- One above the last token, and never below the server clock in microseconds: the clock keeps
--- tokens rising after the lease hash expired or was lost in a restart.
+local function each_chunk(ids, fn)
+  for i = 1, #ids, CHUNK do
+    fn(unpack(ids, i, math.min(i + CHUNK - 1, #ids)))
+  end
+end
+
+-- [G3] One above the last token, and never below the server clock in microseconds: the clock
+-- keeps tokens rising after the lease hash expired or was lost in a restart.
 local function next_token(last)
   local floor = now_us()
   if last + 1 > floor then
@@ -32,16 +61,20 @@ local function next_token(last)
   return floor
 end
 
--- `last` is the token when the caller already read it. Fields of an earlier owner that are not
--- overwritten here (k, kn: a take nonce) only ever match that owner's own retries. `nonce`
--- names the call that made this grant, so a resend of that call (its reply was lost) can tell
--- its own grant from someone else's.
-local function grant(owner, ttl, claimed, previous, last, nonce)
+-- [G3] A new owner. `last` is the token when the caller already read it; `previous` and
+-- `previous_token` are the model's prev/prev_token, `nonce` its grant_nonce (nil: none).
+local function grant(owner, ttl, claimed, previous, previous_token, last, nonce)
   last = tonumber(last or redis.call('HGET', lease, 't') or '0')
   local token = next_token(last)
-  redis.call('HSET', lease, 'o', owner, 't', fmt(token), 'c', claimed, 'p', previous,
-             'pt', fmt(last), 'w', nonce or '')
+  redis.call('HSET', lease, 'o', owner, 't', fmt(token), 'c', claimed, 'p', previous or '',
+             'pt', previous_token or '', 'w', nonce or '')
+  redis.call('HDEL', lease, 'k', 'kn')
   redis.call('PEXPIRE', lease, ttl)
+  if previous then
+    redis.call('HSET', donetok, '', previous_token .. ':' .. previous)
+  else
+    redis.call('HDEL', donetok, '')
+  end
   return token
 end
 
@@ -51,39 +84,10 @@ local function has_work()
   return redis.call('EXISTS', queue, inflight) > 0
 end
 
-local function free(owner)
-  redis.call('HDEL', lease, 'o', 'c', 'k', 'kn', 'w')
-  redis.call('HSET', lease, 'p', owner)
-  redis.call('PEXPIRE', lease, TOKEN_MEMORY_MS)
-end
-
-local function each_chunk(ids, fn)
-  for i = 1, #ids, CHUNK do
-    fn(unpack(ids, i, math.min(i + CHUNK - 1, #ids)))
-  end
-end
-
--- The owner finished: the signals it received are done.
-local function complete()
-  local ids = redis.call('LRANGE', inflight, 0, -1)
-  if #ids > 0 then
-    each_chunk(ids, function(...) redis.call('HDEL', sigs, ...) end)
-    redis.call('DEL', inflight)
-  end
-end
-
--- The owner died: what it received goes back to the head of the queue, in order.
-local function requeue_inflight()
-  local ids = redis.call('LRANGE', inflight, 0, -1)
-  for i = #ids, 1, -1 do
-    redis.call('LPUSH', queue, ids[i])
-  end
-  redis.call('DEL', inflight)
-end
-
+-- The orphan index (keys with signals queued or in flight), scored by the owner's deadline.
 local function sync_index()
   if redis.call('LLEN', queue) > 0 or redis.call('LLEN', inflight) > 0 then
-    local deadline = math.floor(now_us() / 1000)
+    local deadline = now_ms()
     if redis.call('HEXISTS', lease, 'o') == 1 then
       deadline = deadline + math.max(redis.call('PTTL', lease), 0)
     end
@@ -93,24 +97,205 @@ local function sync_index()
   end
 end
 
-local function grant_head(ttl, claimed, previous, nonce)
-  local head = redis.call('LPOP', queue)
-  local token = grant(head, ttl, claimed, previous, nil, nonce)
-  redis.call('RPUSH', inflight, head)
-  sync_index()
-  return {head, fmt(token), redis.call('HGET', sigs, head)}
+local function attempts_of(id)
+  return redis.call('HGET', attempts, id) or '0'
 end
 
--- The reply of a grant made by the call with `nonce`, if the lease still is that grant: a
--- resent call returns what the first run did instead of reading its own grant as someone
--- else's. {1, owner, token} when the caller's own signal got it, else the adopted head too.
-local function granted_by(nonce, id)
-  local cur = redis.call('HMGET', lease, 'o', 't', 'w')
-  if not cur[1] or cur[3] ~= nonce then
+-- The model's `signal(rec, id, token)`: {id, token, stored, attempts}, appended to `out`.
+local function signal_reply(out, id, token)
+  out[#out + 1] = id
+  out[#out + 1] = token
+  out[#out + 1] = redis.call('HGET', sigs, id)
+  out[#out + 1] = attempts_of(id)
+  return out
+end
+
+-- {id, stored, attempts, ...} of stored signals `ids` (no token), appended to `out`.
+local function append_signals(out, ids)
+  for i = 1, #ids, CHUNK do
+    local part = {unpack(ids, i, math.min(i + CHUNK - 1, #ids))}
+    local records = redis.call('HMGET', sigs, unpack(part))
+    local tries = redis.call('HMGET', attempts, unpack(part))
+    for j = 1, #part do
+      out[#out + 1] = part[j]
+      out[#out + 1] = records[j]
+      out[#out + 1] = tries[j] or '0'
+    end
+  end
+  return out
+end
+
+-- [G4] The head of the queue becomes owner and stays in flight until it completes.
+local function grant_head(ttl, claimed, previous, previous_token, nonce)
+  local head = redis.call('LPOP', queue)
+  local token = grant(head, ttl, claimed, previous, previous_token, nil, nonce)
+  redis.call('RPUSH', inflight, head)
+  sync_index()
+  return head, fmt(token)
+end
+
+-- The model's `granted`: the reply of a grant that is the current lease, {1, owner, token},
+-- plus the owner's signal (adopted, to run first) when the caller's signal `id` is not it.
+local function granted(id, owner, token)
+  if owner == id then
+    return {1, owner, token}
+  end
+  return signal_reply({1}, owner, token)
+end
+
+-- [G5] A dead owner's in-flight signals go back to the head of the queue, in order.
+local function requeue_inflight()
+  local ids = redis.call('LRANGE', inflight, 0, -1)
+  for i = #ids, 1, -1 do
+    redis.call('LPUSH', queue, ids[i])
+  end
+  redis.call('DEL', inflight)
+end
+
+-- [G2] Completed ids older than the dedupe window are forgotten: a read ignores an old entry
+-- (done_entry), a write drops the old ones first (prune_done), and both keys expire with the
+-- newest entry.
+local function done_entry(id)
+  local entry = redis.call('HGET', donetok, id)
+  if not entry then
     return nil
   end
-  if cur[1] == id then
-    return {1, cur[1], cur[2]}
+  local at, token, ok = string.match(entry, '^(%d+):(%d+):([01])$')
+  if not at or tonumber(at) <= now_ms() - DEDUPE_WINDOW_MS then
+    return nil
   end
-  return {1, cur[1], cur[2], redis.call('HGET', sigs, cur[1])}
+  return token, ok == '1'
+end
+
+local function forget_done(ids)
+  each_chunk(ids, function(...)
+    redis.call('ZREM', done, ...)
+    redis.call('HDEL', donetok, ...)
+  end)
+end
+
+local function prune_done()
+  local horizon = now_ms() - DEDUPE_WINDOW_MS
+  local batch = 1 -- usually the oldest entry is still in the window: one look is enough
+  while true do
+    local oldest = redis.call('ZRANGE', done, 0, batch - 1)
+    if #oldest == 0 then
+      return
+    end
+    local entries = redis.call('HMGET', donetok, unpack(oldest))
+    local old = {}
+    for i = 1, #oldest do
+      local at = entries[i] and tonumber(string.match(entries[i], '^(%d+):')) or 0
+      if at > horizon then
+        break
+      end
+      old[#old + 1] = oldest[i]
+    end
+    forget_done(old)
+    if #old < #oldest then
+      return
+    end
+    batch = 100
+  end
+end
+
+-- [G2] The model's `remember_done` for each of `ids` in order (a repeated id moves to the
+-- end), then at most DONE_LIMIT are kept, the oldest forgotten first.
+local function remember_done(ids, token, ok)
+  local n = 0
+  if redis.call('EXISTS', done) == 1 then
+    prune_done()
+    local newest = redis.call('ZRANGE', done, -1, -1, 'WITHSCORES')
+    n = tonumber(newest[2] or '0')
+  end
+  local entry = fmt(now_ms()) .. ':' .. token .. ':' .. (ok and '1' or '0')
+  for i = 1, #ids, CHUNK do
+    local scored, entries = {}, {}
+    for j = i, math.min(i + CHUNK - 1, #ids) do
+      n = n + 1
+      scored[#scored + 1] = fmt(n)
+      scored[#scored + 1] = ids[j]
+      entries[#entries + 1] = ids[j]
+      entries[#entries + 1] = entry
+    end
+    redis.call('ZADD', done, unpack(scored))
+    redis.call('HSET', donetok, unpack(entries))
+  end
+  local excess = redis.call('ZCARD', done) - DONE_LIMIT
+  if excess > 0 then
+    forget_done(redis.call('ZRANGE', done, 0, excess - 1))
+  end
+  redis.call('PEXPIRE', done, DEDUPE_WINDOW_MS)
+  redis.call('PEXPIRE', donetok, DEDUPE_WINDOW_MS)
+end
+
+-- [G6] The owner (holding grant `token`) finished. `failure` is nil, or {error=, requeue_owner=,
+-- max_attempts=}. Without a failure its in-flight signals are done (remembered for dedupe).
+-- After one, each (but the owner's own when not requeue_owner: removed, the platform retries
+-- it) gets one more attempt and goes back to the head of the queue in in-flight order, or to
+-- the dead letters at max_attempts. The owner's own id is remembered either way (ok = no
+-- failure): a resend of its step is recognised by it after a newcomer overwrote p/pt [N4].
+local function complete(owner, token, failure)
+  local ids = redis.call('LRANGE', inflight, 0, -1)
+  if not failure then
+    if #ids > 0 then
+      each_chunk(ids, function(...) redis.call('HDEL', sigs, ...) end)
+      if redis.call('EXISTS', attempts) == 1 then
+        each_chunk(ids, function(...) redis.call('HDEL', attempts, ...) end)
+      end
+      redis.call('DEL', inflight)
+    end
+    ids[#ids + 1] = owner
+    remember_done(ids, token, true)
+    return
+  end
+  local back = {}
+  for i = 1, #ids do
+    local id = ids[i]
+    if id ~= owner or failure.requeue_owner then
+      local tries = tonumber(attempts_of(id)) + 1
+      if tries >= failure.max_attempts then
+        local entry = cjson.encode({n = redis.call('HLEN', dead) + 1,
+                                    r = redis.call('HGET', sigs, id), a = tries,
+                                    e = failure.error, at = now_ms()})
+        redis.call('HSET', dead, id, entry)
+        redis.call('HDEL', sigs, id)
+        redis.call('HDEL', attempts, id)
+      else
+        redis.call('HSET', attempts, id, tries)
+        back[#back + 1] = id
+      end
+    else
+      redis.call('HDEL', sigs, id)
+      redis.call('HDEL', attempts, id)
+    end
+  end
+  remember_done({owner}, token, false)
+  for i = #back, 1, -1 do
+    redis.call('LPUSH', queue, back[i])
+  end
+  redis.call('DEL', inflight)
+end
+
+-- [G7] Released (not expired): the key keeps t and names the released grant in p/pt.
+local function free(owner, token)
+  redis.call('HDEL', lease, 'o', 'c', 'k', 'kn', 'w')
+  redis.call('HSET', lease, 'p', owner, 'pt', token)
+  redis.call('PEXPIRE', lease, RELEASED_MEMORY_MS)
+  redis.call('HSET', donetok, '', token .. ':' .. owner)
+end
+
+-- The model's prev/prev_token: from the lease hash (`p`, `pt` as read into `p`, `pt`), or,
+-- when the hash expired with its owner, from their copy in the done memory (set with every
+-- completion, which is when p/pt change, and kept as long as the completion is remembered).
+local function previous_owner(p, pt)
+  if p then
+    return p, pt
+  end
+  local copy = redis.call('HGET', donetok, '')
+  if not copy then
+    return nil, nil
+  end
+  local copy_pt, copy_p = string.match(copy, '^(%d+):(.*)$')
+  return copy_p, copy_pt
 end

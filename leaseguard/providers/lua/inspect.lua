@@ -1,11 +1,7 @@
--- ARGV: member  ->  {owner, token, pttl, {id, stored, ...}, {in-flight ids}}
+-- inspect_key (the model's `inspect`, with [G1]).
+-- ARGV: member  ->  {owner, token, pttl, {id, stored, attempts, ...}, {in-flight ids},
+--                    {dead id, dead entry, ...}}
 local cur = redis.call('HMGET', lease, 'o', 't')
-local ids = redis.call('LRANGE', queue, 0, -1)
-local queued = {}
-for i = 1, #ids do
-  queued[#queued + 1] = ids[i]
-  queued[#queued + 1] = redis.call('HGET', sigs, ids[i])
-end
-local live = cur[1] and 1 or 0
-return {cur[1] or '', live == 1 and cur[2] or '', redis.call('PTTL', lease), queued,
-        redis.call('LRANGE', inflight, 0, -1)}
+local queued = append_signals({}, redis.call('LRANGE', queue, 0, -1))
+return {cur[1] or '', cur[1] and cur[2] or '', redis.call('PTTL', lease), queued,
+        redis.call('LRANGE', inflight, 0, -1), redis.call('HGETALL', dead)}

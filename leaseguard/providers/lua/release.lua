@@ -1,13 +1,15 @@
+-- release_lease: rows [L4] [L5] (with [G6] [G7]).
 -- ARGV: member, owner  ->  1 if released, 0 if the caller did not hold the lease
 local owner = ARGV[2]
-if redis.call('HGET', lease, 'o') ~= owner then
-  return 0
+local cur = redis.call('HMGET', lease, 'o', 't')
+if cur[1] ~= owner then
+  return 0 -- [L5] not the owner (or a resend of an applied release)
 end
-if has_work() then
-  complete()
-  free(owner)
+-- [L4] complete (the in-flight signals and the owner are remembered as done) and free
+local work = has_work()
+complete(owner, cur[2], nil)
+free(owner, cur[2])
+if work then
   sync_index()
-else
-  free(owner)
 end
 return 1

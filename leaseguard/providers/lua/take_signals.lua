@@ -1,24 +1,22 @@
+-- take_signals: rows [K1] [K2] [K3].
 -- ARGV: member, owner, limit, nonce, token ('' for any)
---   -> {1, id1, stored1, id2, stored2, ...} | {0, holder}
+--   -> {1, id1, stored1, attempts1, id2, stored2, attempts2, ...} | {0, holder}
 -- The nonce makes a retried call (reply lost on the wire) return the same batch.
 local owner, limit, nonce, token = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local cur = redis.call('HMGET', lease, 'o', 'k', 'kn', 't')
 if cur[1] ~= owner or (token ~= '' and cur[4] ~= token) then
-  return {0, cur[1] or ''}
+  return {0, cur[1] or ''} -- [K3]
 end
 local ids
 if cur[2] == nonce then
+  -- [K2] a resend: the same batch
   local n = tonumber(cur[3])
   ids = n > 0 and redis.call('LRANGE', inflight, -n, -1) or {}
 else
+  -- [K1]
   ids = redis.call('LPOP', queue, limit) or {}
   each_chunk(ids, function(...) redis.call('RPUSH', inflight, ...) end)
   redis.call('HSET', lease, 'k', nonce, 'kn', #ids)
   sync_index()
 end
-local out = {1}
-for i = 1, #ids do
-  out[#out + 1] = ids[i]
-  out[#out + 1] = redis.call('HGET', sigs, ids[i])
-end
-return out
+return append_signals({1}, ids)

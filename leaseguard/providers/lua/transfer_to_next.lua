@@ -1,24 +1,41 @@
--- ARGV: member, owner, ttl_ms, claimed (1|0), token ('' for any)
---   -> {1, head, token, stored_head}   handed off
---   -> {2}                             queue empty: released
---   -> {0, holder}                     the caller does not hold the lease (with that token)
+-- transfer_to_next: rows [N1]..[N5] (with [G2] [G3] [G4] [G6] [G7]).
+-- ARGV: member, owner, ttl_ms, claimed (1|0), token ('' for any), failed (1|0), error,
+--       requeue_owner (1|0), max_attempts
+--   -> {1, head, token, stored_head, attempts}   handed off
+--   -> {2}                                       released (or a resend of an applied step
+--                                                that released or completed)
+--   -> {0, holder}                               the caller does not hold the lease
 local owner, ttl, claimed, token = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local cur = redis.call('HMGET', lease, 'o', 'p', 't', 'pt')
-if cur[1] ~= owner or (token ~= '' and cur[3] ~= token) then
-  -- A retry of a step that was applied: we are the previous owner, and it was our grant (a
-  -- release keeps the token; a hand-off keeps ours as pt).
-  if cur[2] == owner and cur[1] and (token == '' or cur[4] == token) then
-    return {1, cur[1], cur[3], redis.call('HGET', sigs, cur[1])}
-  elseif cur[2] == owner and not cur[1] and (token == '' or cur[3] == token) then
+local failure = nil
+if ARGV[6] == '1' then
+  failure = {error = ARGV[7], requeue_owner = ARGV[8] == '1', max_attempts = tonumber(ARGV[9])}
+end
+local cur = redis.call('HMGET', lease, 'o', 't', 'p', 'pt')
+if cur[1] ~= owner or (token ~= '' and cur[2] ~= token) then
+  -- [N4] a resend of a step that was applied: we handed over or released last, or our grant
+  -- is remembered as completed.
+  local p, pt = previous_owner(cur[3], cur[4])
+  if p == owner and (token == '' or pt == token) then
+    if not cur[1] then
+      return {2}
+    elseif redis.call('HEXISTS', sigs, cur[1]) == 1 then
+      return signal_reply({1}, cur[1], cur[2])
+    end
+    -- (p/pt name us but the owner has no stored signal: transfer_lease moved the key to a
+    -- plain owner. The model has no reply for this; the done memory below decides.)
+  end
+  if token ~= '' and done_entry(owner) == token then
     return {2}
   end
-  return {0, cur[1] or ''}
+  return {0, cur[1] or ''} -- [N5]
 end
-complete()
+local grant_token = cur[2]
+complete(owner, grant_token, failure)
 if redis.call('LLEN', queue) == 0 then
-  free(owner)
+  free(owner, grant_token) -- [N1] nothing queued: released
   sync_index()
   return {2}
 end
-local head = grant_head(ttl, claimed, owner)
-return {1, head[1], head[2], head[3]}
+-- [N2] / [N3] the head owns the key now, claimed by the caller or left to a claim
+local head, head_token = grant_head(ttl, claimed, owner, grant_token, nil)
+return signal_reply({1}, head, head_token)

@@ -1,0 +1,474 @@
+"""The lease + signal-queue protocol as one executable model: pure Python, no I/O, time passed in.
+
+Each step of ``docs/protocol.md`` is one method of :class:`ProtocolModel`, acting on one key's
+:class:`KeyRecord` at time ``now`` (milliseconds). This is the only place the transitions are
+written in Python: :class:`~leaseguard.providers.memory.InMemoryLeaseProvider` runs on it, the
+Redis scripts and the DynamoDB expressions implement the same rows (each names its row), the
+differential suite (``tests/test_differential.py``) compares every backend's replies and states
+with it, and :mod:`leaseguard.protocol.explore` checks it exhaustively under faults.
+
+Row names used in comments (``[A1]`` ...) are the rows of the step table in docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from leaseguard.contract import LeaseResult
+from leaseguard.signals import DeadLetter, KeyState, Signal, decode_signal
+
+DEDUPE_WINDOW_MS = 300_000
+"""How long a completed signal id is remembered: a resend or redelivery of it within this
+window answers "duplicate" instead of running it again (SQS FIFO's window is the same)."""
+DONE_LIMIT = 1_000
+"""At most this many completed ids are remembered per key (the oldest are forgotten first)."""
+DEFAULT_MAX_ATTEMPTS = 3
+"""A forwarded signal whose handler failed this many times is dead-lettered."""
+TOKEN_MEMORY_MS = 60_000
+"""An idle key (no owner, nothing queued, in flight, dead-lettered or remembered as done) is
+forgotten this long after it went idle; its next token then comes from the clock floor."""
+MAX_ERROR_CHARS = 1_000
+
+
+class Lost(NamedTuple):
+    """The reply of an owner-side step made by a caller that does not hold the key."""
+
+    holder: str | None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How the owner's run ended when it did not succeed (an argument of ``transfer_to_next``).
+
+    Every signal the owner holds in flight failed with it: the owner's own signal and the ones
+    it took. Each goes back to the head of the queue with one more attempt, or to the key's
+    dead-letter list once it reached ``max_attempts``. ``requeue_owner=False`` is for an owner
+    whose signal is the invocation's *own* event: the invocation re-raises, so the platform
+    retries that event; it is removed here and not remembered as done.
+    """
+
+    error: str
+    requeue_owner: bool = True
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+
+@dataclass
+class Stored:
+    record: str  # leaseguard.signals.encode_signal text
+    attempts: int = 0
+
+
+@dataclass(frozen=True)
+class Done:
+    token: int  # the grant under which it completed (names the owner's step for resends)
+    at: int
+    ok: bool  # False: it failed and went back to the queue or the platform (no dedupe)
+
+
+@dataclass(frozen=True)
+class DeadEntry:
+    id: str
+    record: str
+    attempts: int
+    error: str
+    at: int
+
+
+@dataclass
+class KeyRecord:
+    """One key's state. Field letters are the Redis hash / DynamoDB attribute names."""
+
+    owner: str | None = None  # o
+    token: int = 0  # t: last token issued; kept after release and expiry
+    expires: int = 0  # owner's deadline; 0 after a release (not an expiry)
+    claimed: bool = True  # c
+    grant_nonce: str | None = None  # w: the call that made or claimed this grant
+    prev: str | None = None  # p: the owner that handed over or released last
+    prev_token: int | None = None  # pt: its token
+    take_nonce: str | None = None  # k
+    take_count: int = 0  # kn
+    queue: list[str] = field(default_factory=list)
+    in_flight: list[str] = field(default_factory=list)
+    stored: dict[str, Stored] = field(default_factory=dict)  # queued and in flight
+    dead: list[DeadEntry] = field(default_factory=list)
+    done: dict[str, Done] = field(default_factory=dict)  # oldest first
+    idle_since: int = 0
+
+    def clone(self) -> KeyRecord:
+        return KeyRecord(
+            self.owner,
+            self.token,
+            self.expires,
+            self.claimed,
+            self.grant_nonce,
+            self.prev,
+            self.prev_token,
+            self.take_nonce,
+            self.take_count,
+            list(self.queue),
+            list(self.in_flight),
+            {k: Stored(v.record, v.attempts) for k, v in self.stored.items()},
+            list(self.dead),
+            dict(self.done),
+            self.idle_since,
+        )
+
+    def freeze(self, now: int) -> tuple[object, ...]:
+        """A hashable image of everything the protocol can observe, with times relative to
+        ``now`` (the explorer's state: two worlds that differ only in when they happen are one)."""
+        if self.owner is not None:
+            expires = max(self.expires - now, 0)
+        else:
+            expires = 0 if self.expires == 0 else -1  # released, or expired
+        return (
+            self.owner,
+            self.token,
+            expires,
+            self.claimed,
+            self.grant_nonce,
+            self.prev,
+            self.prev_token,
+            self.take_nonce,
+            self.take_count,
+            tuple(self.queue),
+            tuple(self.in_flight),
+            tuple(sorted((k, v.attempts) for k, v in self.stored.items())),
+            tuple((d.id, d.attempts) for d in self.dead),
+            tuple((k, v.token, v.ok) for k, v in self.done.items()),
+        )
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.queue or self.in_flight)
+
+    def forgettable(self, now: int) -> bool:
+        return (
+            self.owner is None
+            and not self.has_work
+            and not self.dead
+            and not self.done
+            and self.idle_since <= now - TOKEN_MEMORY_MS
+        )
+
+
+def clock_floor(now_ms: int) -> int:
+    """Tokens never fall below the clock in microseconds (see docs/design.md, Tokens)."""
+    return now_ms * 1000
+
+
+class ProtocolModel:
+    """The steps. Subclasses (the explorer's mutants) override one step to break one rule."""
+
+    def __init__(
+        self,
+        *,
+        token_floor: Callable[[int], int] = clock_floor,
+        dedupe_window_ms: int = DEDUPE_WINDOW_MS,
+        done_limit: int = DONE_LIMIT,
+    ) -> None:
+        self.token_floor = token_floor
+        self.dedupe_window_ms = dedupe_window_ms
+        self.done_limit = done_limit
+
+    # -- shared pieces (rows G*) ----------------------------------------------------------------
+
+    def observe(self, rec: KeyRecord, now: int) -> None:
+        """[G1] A lease whose deadline passed is free (its token is kept); [G2] completed ids
+        older than the dedupe window are forgotten."""
+        if rec.owner is not None and rec.expires <= now:
+            rec.owner = None
+            rec.idle_since = now
+        if rec.done:
+            horizon = now - self.dedupe_window_ms
+            for sid in [s for s, d in rec.done.items() if d.at <= horizon]:
+                del rec.done[sid]
+
+    def grant(
+        self,
+        rec: KeyRecord,
+        owner: str,
+        ttl_ms: int,
+        now: int,
+        *,
+        claimed: bool,
+        nonce: str | None,
+        prev: str | None,
+        prev_token: int | None,
+    ) -> int:
+        """[G3] A new owner: the token goes up, never below the clock floor."""
+        rec.token = max(rec.token + 1, self.token_floor(now))
+        rec.owner = owner
+        rec.expires = now + ttl_ms
+        rec.claimed = claimed
+        rec.grant_nonce = nonce
+        rec.prev = prev
+        rec.prev_token = prev_token
+        rec.take_nonce = None
+        rec.take_count = 0
+        return rec.token
+
+    def grant_head(
+        self,
+        rec: KeyRecord,
+        ttl_ms: int,
+        now: int,
+        *,
+        claimed: bool,
+        nonce: str | None,
+        prev: str | None,
+        prev_token: int | None,
+    ) -> Signal:
+        """[G4] The head of the queue becomes owner and stays in flight until it completes."""
+        head = rec.queue.pop(0)
+        self.grant(
+            rec, head, ttl_ms, now, claimed=claimed, nonce=nonce, prev=prev, prev_token=prev_token
+        )
+        rec.in_flight.append(head)
+        return self.signal(rec, head, rec.token)
+
+    def requeue_in_flight(self, rec: KeyRecord) -> None:
+        """[G5] A dead owner's in-flight signals go back to the head of the queue, in order."""
+        rec.queue[0:0] = rec.in_flight
+        rec.in_flight = []
+
+    def remember_done(self, rec: KeyRecord, sid: str, token: int, now: int, ok: bool) -> None:
+        rec.done.pop(sid, None)
+        rec.done[sid] = Done(token, now, ok)
+        while len(rec.done) > self.done_limit:
+            del rec.done[next(iter(rec.done))]
+
+    def complete(
+        self, rec: KeyRecord, owner: str, now: int, failure: Failure | None = None
+    ) -> None:
+        """[G6] The owner finished: its in-flight signals are done (remembered for dedupe), or,
+        after a failure, retried at the head of the queue or dead-lettered."""
+        token = rec.token
+        back: list[str] = []
+        for sid in rec.in_flight:
+            stored = rec.stored.pop(sid)
+            if failure is None:
+                self.remember_done(rec, sid, token, now, ok=True)
+            elif sid != owner or failure.requeue_owner:
+                attempts = stored.attempts + 1
+                if attempts >= failure.max_attempts:
+                    error = failure.error[:MAX_ERROR_CHARS]
+                    rec.dead.append(DeadEntry(sid, stored.record, attempts, error, now))
+                else:
+                    rec.stored[sid] = Stored(stored.record, attempts)
+                    back.append(sid)
+        # The owner's own step is remembered either way: a resend of it must be recognised
+        # after a newcomer overwrote p/pt (a failed one is not deduplicated).
+        self.remember_done(rec, owner, token, now, ok=failure is None)
+        rec.queue[0:0] = back
+        rec.in_flight = []
+
+    def free(self, rec: KeyRecord, owner: str, now: int) -> None:
+        """[G7] Released (not expired): ``expires`` is 0, so a released key with signals queued
+        is a lost wakeup the explorer reports."""
+        rec.prev, rec.prev_token = owner, rec.token
+        rec.owner = None
+        rec.expires = 0
+        rec.grant_nonce = None
+        rec.take_nonce = None
+        rec.take_count = 0
+        rec.idle_since = now
+
+    @staticmethod
+    def holds(rec: KeyRecord, owner: str, token: int | None) -> bool:
+        return rec.owner == owner and (token is None or rec.token == token)
+
+    @staticmethod
+    def signal(rec: KeyRecord, sid: str, token: int | None = None) -> Signal:
+        stored = rec.stored[sid]
+        return decode_signal(sid, stored.record, token, stored.attempts)
+
+    def granted(self, rec: KeyRecord, sid: str) -> LeaseResult:
+        """The reply of a grant that is the current lease (first run or recognised resend)."""
+        assert rec.owner is not None
+        adopted = None if rec.owner == sid else self.signal(rec, rec.owner, rec.token)
+        return LeaseResult(True, rec.owner, rec.token, adopted=adopted)
+
+    # -- the lease contract (rows L*) -----------------------------------------------------------
+
+    def acquire_lease(self, rec: KeyRecord, owner: str, ttl_ms: int, now: int) -> LeaseResult:
+        self.observe(rec, now)
+        if rec.owner == owner:  # [L1] the owner again: new deadline, same token
+            rec.expires = now + ttl_ms
+            return LeaseResult(True, owner, rec.token)
+        if rec.owner is not None:  # [L2] refused, naming the holder
+            return LeaseResult(False, rec.owner, rec.token)
+        self.requeue_in_flight(rec)  # [L3] a dead owner's signals are not this owner's
+        token = self.grant(
+            rec, owner, ttl_ms, now, claimed=True, nonce=None, prev=None, prev_token=None
+        )
+        return LeaseResult(True, owner, token)
+
+    def get_owner(self, rec: KeyRecord, now: int) -> str | None:
+        self.observe(rec, now)
+        return rec.owner
+
+    def release(self, rec: KeyRecord, owner: str, now: int) -> bool:
+        self.observe(rec, now)
+        if rec.owner != owner:  # [L5] not the owner (or a resend of an applied release)
+            return False
+        self.complete(rec, owner, now)  # [L4]
+        self.free(rec, owner, now)
+        return True
+
+    def renew(self, rec: KeyRecord, owner: str, ttl_ms: int, token: int | None, now: int) -> bool:
+        self.observe(rec, now)
+        if not self.holds(rec, owner, token):  # [R2] never brings back an expired lease
+            return False
+        rec.expires = now + ttl_ms  # [R1]
+        return True
+
+    def transfer_lease(
+        self, rec: KeyRecord, from_owner: str, to_owner: str, ttl_ms: int, now: int
+    ) -> bool:
+        self.observe(rec, now)
+        if rec.owner == to_owner and rec.prev == from_owner:  # [T3] resend of an applied one
+            return True
+        if rec.owner != from_owner:  # [T2]
+            return False
+        token = rec.token
+        self.complete(rec, from_owner, now)  # [T1]
+        self.grant(
+            rec, to_owner, ttl_ms, now, claimed=True, nonce=None, prev=from_owner, prev_token=token
+        )
+        return True
+
+    # -- the signal queue (rows Q*) -------------------------------------------------------------
+
+    def acquire_or_enqueue(
+        self, rec: KeyRecord, sid: str, record: str, ttl_ms: int, nonce: str, now: int
+    ) -> LeaseResult:
+        self.observe(rec, now)
+        if rec.owner is not None and rec.grant_nonce == nonce:
+            return self.granted(rec, sid)  # [Q7] a resend of this very call, which was applied
+        holder, token = rec.owner, (rec.token if rec.owner is not None else None)
+        done = rec.done.get(sid)
+        if (done is not None and done.ok) or any(d.id == sid for d in rec.dead):
+            return LeaseResult(False, holder, token)  # [Q5] completed or dead-lettered already
+        if holder == sid:
+            return LeaseResult(False, holder, token)  # [Q4] a second delivery of the owner
+        if holder is not None:
+            if sid in rec.stored:  # [Q3] queued (its place) or in flight (no place)
+                position = rec.queue.index(sid) + 1 if sid in rec.queue else None
+                return LeaseResult(False, holder, token, position=position)
+            rec.stored[sid] = Stored(record)  # [Q2] queued behind the holder
+            rec.queue.append(sid)
+            return LeaseResult(False, holder, token, position=len(rec.queue))
+        if not rec.has_work:  # [Q1] free: the signal owns the key and stays in flight
+            self.grant(rec, sid, ttl_ms, now, claimed=True, nonce=nonce, prev=None, prev_token=None)
+            rec.stored[sid] = Stored(record)
+            rec.in_flight.append(sid)
+            return LeaseResult(True, sid, rec.token)
+        # [Q6] orphaned: the dead owner's work first, this signal behind it, the head owns
+        self.requeue_in_flight(rec)
+        if sid not in rec.stored:
+            rec.stored[sid] = Stored(record)
+            rec.queue.append(sid)
+        self.grant_head(rec, ttl_ms, now, claimed=True, nonce=nonce, prev=None, prev_token=None)
+        return self.granted(rec, sid)
+
+    def take(
+        self, rec: KeyRecord, owner: str, limit: int, token: int | None, nonce: str, now: int
+    ) -> list[Signal] | Lost:
+        self.observe(rec, now)
+        if not self.holds(rec, owner, token):
+            return Lost(rec.owner)  # [K3]
+        if rec.take_nonce == nonce:  # [K2] a resend: the same batch
+            ids = rec.in_flight[len(rec.in_flight) - rec.take_count :] if rec.take_count else []
+        else:  # [K1]
+            ids = rec.queue[:limit]
+            del rec.queue[:limit]
+            rec.in_flight.extend(ids)
+            rec.take_nonce, rec.take_count = nonce, len(ids)
+        return [self.signal(rec, sid) for sid in ids]
+
+    def transfer_to_next(
+        self,
+        rec: KeyRecord,
+        owner: str,
+        ttl_ms: int,
+        claim: bool,
+        token: int | None,
+        now: int,
+        failure: Failure | None = None,
+    ) -> Signal | Lost | None:
+        self.observe(rec, now)
+        if not self.holds(rec, owner, token):
+            # [N4] a resend of a step that was applied: we handed over or released last, or our
+            # grant is remembered as completed.
+            if rec.prev == owner and (token is None or rec.prev_token == token):
+                if rec.owner is not None and rec.owner in rec.in_flight:
+                    return self.signal(rec, rec.owner, rec.token)
+                return None  # released, or moved by transfer_lease to a non-signal owner
+            done = rec.done.get(owner)
+            if token is not None and done is not None and done.token == token:
+                return None
+            return Lost(rec.owner)  # [N5]
+        grant_token = rec.token
+        self.complete(rec, owner, now, failure)
+        if not rec.queue:  # [N1] nothing queued: released
+            self.free(rec, owner, now)
+            return None
+        # [N2] / [N3] the head owns the key now, claimed by the caller or left to a claim
+        return self.grant_head(
+            rec, ttl_ms, now, claimed=claim, nonce=None, prev=owner, prev_token=grant_token
+        )
+
+    def claim(
+        self, rec: KeyRecord, owner: str, token: int, ttl_ms: int, nonce: str, now: int
+    ) -> Signal | None:
+        self.observe(rec, now)
+        if rec.owner != owner or rec.token != token or owner not in rec.stored:
+            return None  # [C3] stale, forged, or the grant moved on
+        if rec.claimed and rec.grant_nonce != nonce:
+            return None  # [C2] claimed before by another call (a duplicate envelope)
+        rec.claimed, rec.grant_nonce = True, nonce  # [C1] (or its resend)
+        rec.expires = now + ttl_ms
+        return self.signal(rec, owner, token)
+
+    def adopt(
+        self, rec: KeyRecord, ttl_ms: int, claim: bool, nonce: str, now: int
+    ) -> Signal | None:
+        self.observe(rec, now)
+        if rec.owner is not None:
+            if rec.grant_nonce == nonce:  # [D3] a resend of this adoption
+                return self.signal(rec, rec.owner, rec.token)
+            return None  # [D2] the owner is alive
+        self.requeue_in_flight(rec)
+        if not rec.queue:
+            return None
+        # [D1] the head of the dead owner's work owns the key
+        return self.grant_head(
+            rec, ttl_ms, now, claimed=claim, nonce=nonce, prev=None, prev_token=None
+        )
+
+    def inspect(self, rec: KeyRecord, key: str, now: int) -> KeyState:
+        self.observe(rec, now)
+        live = rec.owner is not None
+        return KeyState(
+            key=key,
+            owner=rec.owner,
+            token=rec.token if live else None,
+            remaining_ms=rec.expires - now if live else None,
+            queued=tuple(self.signal(rec, sid) for sid in rec.queue),
+            in_flight=tuple(rec.in_flight),
+            dead_letters=tuple(dead_letter(d) for d in rec.dead),
+        )
+
+
+def dead_letter(entry: DeadEntry) -> DeadLetter:
+    signal = decode_signal(entry.id, entry.record)
+    return DeadLetter(
+        id=entry.id,
+        payload=signal.payload,
+        attempts=entry.attempts,
+        error=entry.error,
+        enqueued_at_ms=signal.enqueued_at_ms,
+        failed_at_ms=entry.at,
+    )
