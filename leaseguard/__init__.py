@@ -21,12 +21,13 @@ from .providers import (
     RedisLeaseProvider,
 )
 from .renewal import LeaseHandle, NoActiveLease, current_lease
-from .signals import KeyState, Signal, SignalQueue, is_signal_queue
+from .signals import DeadLetter, KeyState, Signal, SignalQueue, is_signal_queue
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ConfigurationError",
+    "DeadLetter",
     "DynamoDBLeaseProvider",
     "HandlerKeyError",
     "InMemoryLeaseProvider",

@@ -386,6 +386,8 @@ def test_forged_and_stale_envelopes_run_nothing_and_change_nothing(
         Envelope("f", "real-owner", token + 1, {"evil": True}).to_event(),  # wrong token
         Envelope("other-key", "real-owner", token, {}).to_event(),  # names another key
         {ENVELOPE_FIELD: {"version": 1, "key": "f", "owner": "real-owner", "token": "1"}},
+        # above what any backend stores: answered "rejected", never an exception
+        {ENVELOPE_FIELD: {"version": 1, "key": "f", "owner": "real-owner", "token": 2**63}},
         {ENVELOPE_FIELD: {"version": 9, "key": "f", "owner": "x", "token": 1}},
         {ENVELOPE_FIELD: {"version": 1, "key": "", "owner": "x", "token": 1}},
         {ENVELOPE_FIELD: "not an object"},
@@ -642,3 +644,49 @@ def test_a_context_without_a_function_arn_hands_off_inline(provider: BaseLeasePr
     owner.join()
     assert [s[0] for s in recorder.seen] == [0, 1]  # ran inline, no Invoke attempted
     assert provider.get_lease_owner("local") is None
+
+
+class _SlowReplies:
+    """The provider's steps apply at once, but their replies arrive ``delay_s`` later (a slow
+    network, a GC pause in the client): nothing else is wrapped."""
+
+    def __init__(self, provider: BaseLeaseProvider, delay_s: float) -> None:
+        self._provider, self._delay_s = provider, delay_s
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._provider, name)
+        if name not in ("acquire_or_enqueue", "claim_signal"):
+            return method
+
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            reply = method(*args, **kwargs)
+            time.sleep(self._delay_s)
+            return reply
+
+        return slow
+
+
+def test_a_slow_acquire_reply_does_not_stretch_the_lease(provider: BaseLeaseProvider) -> None:
+    """Bug 5: the handle counted its TTL from the reply, so a reply delayed by most of the TTL
+    let the owner believe in a lease the backend had already expired (a second owner ran)."""
+    ttl, delay = 1_500, 0.6
+    seen: list[tuple[bool, int]] = []
+
+    @lease_owned(lambda e: e["k"], provider=_SlowReplies(provider, delay), ttl_ms=ttl)
+    def handler(event: Any, context: Any) -> None:
+        lease = current_lease()
+        seen.append((lease.lost, lease.remaining_ms))
+
+    handler({"k": "slow"}, LambdaContext())
+    ((lost, remaining),) = seen
+    assert not lost
+    assert remaining <= ttl - delay * 1000  # counted from the send, not the reply
+
+
+def test_a_payload_with_a_lone_surrogate_round_trips(provider: BaseLeaseProvider) -> None:
+    """Bug 8: legal JSON that is not UTF-8 ("\\ud800") raised UnicodeEncodeError."""
+    provider.acquire_lease("sur", "owner", TTL)
+    payload = {"text": "a\ud800b", "emoji": "\U0001f600"}
+    provider.acquire_or_enqueue("sur", Signal("s1", payload), TTL)
+    assert [s.payload for s in provider.inspect_key("sur").queued] == [payload]
+    assert [s.payload for s in provider.take_signals("sur", "owner", 10)] == [payload]

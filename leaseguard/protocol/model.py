@@ -403,9 +403,10 @@ class ProtocolModel:
             # [N4] a resend of a step that was applied: we handed over or released last, or our
             # grant is remembered as completed.
             if rec.prev == owner and (token is None or rec.prev_token == token):
-                if rec.owner is not None and rec.owner in rec.in_flight:
-                    return self.signal(rec, rec.owner, rec.token)
-                return None  # released, or moved by transfer_lease to a non-signal owner
+                if rec.owner is None:
+                    return None  # we released it
+                if rec.owner in rec.stored:
+                    return self.signal(rec, rec.owner, rec.token)  # we handed it to this signal
             done = rec.done.get(owner)
             if token is not None and done is not None and done.token == token:
                 return None

@@ -1,0 +1,575 @@
+"""Differential testing of a backend against the protocol model (leaseguard/protocol/model.py).
+
+A *sequence* is a list of :class:`Op` drawn at random from a seed, applied step by step to the
+model (an :class:`~leaseguard.providers.memory.InMemoryLeaseProvider` on a clock the harness
+moves) and to one backend, in lockstep. After every step the replies, and the
+:class:`~leaseguard.signals.KeyState` of the key the step named (of every key after
+``adopt_orphans`` and at the end), must be equal once normalised: fencing tokens by rank (the
+order in which each side first showed them, per key), ``remaining_ms`` as live or not,
+exceptions by type. The first difference ends the sequence and is returned as a
+:class:`Disagreement`, which prints the seed and the ops so it can be replayed::
+
+    from tests.differential import Op, T, replay, redis_side
+    replay([Op("acquire_or_enqueue", "k0", id="s1", v=3), Op("expire", "k0"), ...],
+           redis_side(redis.Redis.from_url(url)))   # -> [] or [Disagreement]
+
+Ops are abstract where sides differ: a token is ``T(rank)`` (``T(-1)``: one never issued) and
+is turned into each side's own token value. A *resend* (``resend=True``) is one call whose reply
+was lost and which the client sent again; each side reproduces it at the level where it
+happens: the model (and memory) run the public call twice with the same nonces
+(``memory._nonce``), Redis sends every script command (EVALSHA) twice, DynamoDB sends every
+write request (botocore ``_make_api_call``) twice; the second reply is the one compared.
+``expire`` makes the key's current lease run out (see :func:`expire`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import random
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from leaseguard.contract import LeaseResult
+from leaseguard.errors import InvalidLeaseArgument, LeaseLostError
+from leaseguard.providers import memory as memory_module
+from leaseguard.providers.base import BaseLeaseProvider
+from leaseguard.providers.memory import InMemoryLeaseProvider
+from leaseguard.signals import DeadLetter, KeyState, Signal
+
+TTL = 60_000  # long: nothing expires unless an "expire" step says so
+KEYS = ("k0", "k1")
+IDS = tuple(f"s{i}" for i in range(6))
+WORKERS = ("w0", "w1")  # plain lease owners (acquire_lease), next to signal ids
+MODEL_EPOCH_MS = 1_700_000_000_000
+FORGED_TOKEN = 1  # below every token a backend issues
+
+
+class T(NamedTuple):
+    """A token by rank on its key: T(0) is the first token the side showed; T(-1) is forged."""
+
+    rank: int
+
+    def __repr__(self) -> str:
+        return f"T({self.rank})"
+
+
+class Op:
+    """One step: a public call (``name``) on ``key`` with abstract arguments, or ``expire``."""
+
+    def __init__(self, name: str, key: str, *, resend: bool = False, **kw: Any) -> None:
+        self.name, self.key, self.resend, self.kw = name, key, resend, kw
+
+    def __repr__(self) -> str:
+        args = [repr(self.name), repr(self.key)]
+        args += [f"{k}={v!r}" for k, v in self.kw.items()]
+        return f"Op({', '.join(args + (['resend=True'] if self.resend else []))})"
+
+
+class Clock:
+    """Milliseconds that stand still until moved."""
+
+    def __init__(self, start: int) -> None:
+        self.now = start
+
+    def __call__(self) -> int:
+        return self.now
+
+
+# -- sides: a provider, how it resends, how time passes, and its token ranks -------------------
+
+
+@dataclass
+class Side:
+    name: str
+    provider: BaseLeaseProvider
+    advance: Callable[[int], None]  # let this many ms pass
+    resend_hook: Any = None  # an object with a ``twice`` flag (Redis / DynamoDB), else nonces
+    nonce_module: Any = memory_module
+    ttl: int = TTL  # the TTL of every call (the clock sides need not share the wall's)
+    jump_ms: int = 0  # expire by moving the clock this far (0: renew for 1 ms, wait 2 ms)
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    anomalies: list[str] = field(default_factory=list)
+
+    def rank(self, key: str, token: int | None) -> int | None:
+        if token is None:
+            return None
+        seen = self.tokens.setdefault(key, [])
+        if token not in seen:
+            if seen and token < max(seen):
+                self.anomalies.append(f"{key}: token {token} issued after {max(seen)}")
+            seen.append(token)
+        return seen.index(token)
+
+    def value(self, key: str, ref: T | None) -> int | None:
+        if ref is None:
+            return None
+        seen = self.tokens.get(key, [])
+        return seen[ref.rank] if 0 <= ref.rank < len(seen) else FORGED_TOKEN
+
+    def call(self, fn: Callable[[], Any], resend: bool) -> tuple[str, Any]:
+        if not resend:
+            return _capture(fn)
+        if self.resend_hook is not None:
+            self.resend_hook.twice = True
+            try:
+                return _capture(fn)
+            finally:
+                self.resend_hook.twice = False
+        return call_twice(self.nonce_module, fn)
+
+
+def _capture(fn: Callable[[], Any]) -> tuple[str, Any]:
+    try:
+        return ("ok", fn())
+    except (LeaseLostError, InvalidLeaseArgument) as exc:
+        return ("raise", type(exc).__name__)
+    except Exception as exc:  # a crash is a disagreement, reported with its text
+        return ("crash", f"{type(exc).__name__}: {exc}"[:300])
+
+
+def call_twice(module: Any, fn: Callable[[], Any]) -> tuple[str, Any]:
+    """``fn`` run twice, the second time with the nonces the first drew from
+    ``module._nonce`` (a resent call): the second outcome."""
+    original, made = module._nonce, []
+
+    def record() -> str:
+        made.append(original())
+        return str(made[-1])
+
+    module._nonce = record
+    try:
+        _capture(fn)
+        again = iter(list(made))
+        module._nonce = lambda: next(again, None) or original()
+        return _capture(fn)
+    finally:
+        module._nonce = original
+
+
+def model_side(name: str = "model", **options: Any) -> Side:
+    clock = Clock(MODEL_EPOCH_MS)
+    provider = InMemoryLeaseProvider(clock=clock, **options)
+    return Side(name, provider, lambda ms: setattr(clock, "now", clock.now + ms))
+
+
+class ResendingRedis:
+    """Wraps a redis-py client: while ``twice`` is set every script command is sent twice (a
+    reply lost after Redis ran it, then redis-py's resend of the very same command)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client, self.twice = client, False
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        if self.twice and args and str(args[0]).upper() == "EVALSHA":
+            self._client.execute_command(*args, **options)
+        return self._client.execute_command(*args, **options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def redis_side(client: Any, name: str = "redis") -> Side:
+    from leaseguard.providers import redis as redis_module
+    from leaseguard.providers.redis import RedisLeaseProvider
+
+    provider = RedisLeaseProvider(client, prefix=f"d{uuid.uuid4().hex[:10]}:")
+    hook = ResendingRedis(client)
+    provider.client = hook  # type: ignore[assignment]
+    return Side(name, provider, lambda ms: time.sleep((ms + 1) / 1000), hook, redis_module)
+
+
+class ResendingDynamoDB:
+    """Wraps a botocore client's ``_make_api_call``: while ``twice`` is set every write request
+    is sent twice with the same parameters (botocore's retry after a lost reply); the first
+    answer, error or not, is the lost one."""
+
+    WRITES = frozenset({"UpdateItem", "PutItem", "DeleteItem", "BatchWriteItem"})
+
+    def __init__(self, client: Any) -> None:
+        from botocore.exceptions import ClientError
+
+        self._inner, self._error, self.twice = client._make_api_call, ClientError, False
+        client._make_api_call = self
+
+    def __call__(self, operation: str, params: dict[str, Any]) -> Any:
+        if self.twice and operation in self.WRITES:
+            with contextlib.suppress(self._error):
+                self._inner(operation, copy.deepcopy(params))
+        return self._inner(operation, params)
+
+
+def dynamodb_side(table: str, client: Any, name: str = "dynamodb", **options: Any) -> Side:
+    """A provider on ``table`` (created here) through ``client``, on a clock of its own."""
+    from leaseguard.providers import dynamodb as dynamodb_module
+    from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
+
+    clock = Clock(time.time_ns() // 1_000_000)
+    options.setdefault("orphan_shards", 2)  # adopt_orphans queries each shard: 8 is slow here
+    provider = DynamoDBLeaseProvider(table, client, clock=clock, clock_skew_ms=0, **options)
+    provider.create_table()
+    hook = client._make_api_call
+    if not isinstance(hook, ResendingDynamoDB):
+        hook = ResendingDynamoDB(client)
+    advance = lambda ms: setattr(clock, "now", clock.now + ms)  # noqa: E731
+    # TTL 10 s, expiry by a 10 s jump: 25 jumps stay inside the 300 s dedupe window
+    return Side(name, provider, advance, hook, dynamodb_module, ttl=10_000, jump_ms=10_002)
+
+
+# -- normalising replies and states -------------------------------------------------------------
+
+
+def norm(side: Side, key: str, value: Any) -> Any:
+    if isinstance(value, LeaseResult):
+        adopted = norm(side, key, value.adopted)
+        return (
+            "lease",
+            value.acquired,
+            value.owner,
+            side.rank(key, value.token),
+            value.position,
+            adopted,
+        )
+    if isinstance(value, Signal):
+        token = side.rank(key, value.token)
+        return ("signal", value.id, value.payload, value.enqueued_at_ms, value.attempts, token)
+    if isinstance(value, DeadLetter):
+        return ("dead", value.id, value.payload, value.attempts, value.error)
+    if isinstance(value, KeyState):
+        token = side.rank(key, value.token)
+        queued = tuple(norm(side, key, s) for s in value.queued)
+        dead = tuple(norm(side, key, d) for d in value.dead_letters)
+        return (
+            "state",
+            value.owner,
+            token,
+            value.remaining_ms is not None,
+            queued,
+            value.in_flight,
+            dead,
+        )
+    if isinstance(value, list):
+        if value and isinstance(value[0], tuple):  # adopt_orphans: (key, signal) pairs
+            return [(k, norm(side, k, s)) for k, s in sorted(value, key=lambda pair: pair[0])]
+        return [norm(side, key, v) for v in value]
+    return value
+
+
+def apply(side: Side, op: Op) -> tuple[str, Any]:
+    """Run ``op`` on ``side``: its normalised outcome."""
+    p, k, kw, ttl = side.provider, op.key, op.kw, side.ttl
+    owner, token = kw.get("owner", ""), side.value(k, kw.get("token"))
+    calls: dict[str, Callable[[], Any]] = {
+        "acquire_or_enqueue": lambda: p.acquire_or_enqueue(
+            k, Signal(kw["id"], {"v": kw["v"]}, enqueued_at_ms=1_000 + kw["v"]), ttl
+        ),
+        "take_signals": lambda: p.take_signals(k, owner, kw["limit"], token=token),
+        "transfer_to_next": lambda: p.transfer_to_next(
+            k, owner, ttl, claim=kw["claim"], token=token, **kw.get("failure", {})
+        ),
+        "claim_signal": lambda: p.claim_signal(k, owner, token or FORGED_TOKEN, ttl),
+        "renew_lease": lambda: p.renew_lease(k, owner, ttl, token=token),
+        "release_lease": lambda: p.release_lease(k, owner),
+        "acquire_lease": lambda: p.acquire_lease(k, owner, ttl),
+        "transfer_lease": lambda: p.transfer_lease(k, owner, kw["to"], ttl),
+        "adopt_orphans": lambda: p.adopt_orphans(ttl, 10, claim=kw["claim"]),
+        "get_lease_owner": lambda: p.get_lease_owner(k),
+        "pending_signals": lambda: p.pending_signals(k),
+        "expire": lambda: expire(side, k),
+    }
+    kind, value = side.call(calls[op.name], op.resend)
+    return (kind, norm(side, k, value)) if kind == "ok" else (kind, value)
+
+
+def expire(side: Side, key: str) -> bool | None:
+    """The key's owner (if any) stops renewing and its lease runs out; other keys' owners live
+    on. Each side renews its own current grant to 1 ms (the reply) and lets time pass. A side
+    with ``jump_ms`` moves its clock past every deadline it indexed instead (DynamoDB indexes
+    a grant's deadline; renewals do not move it), after renewing the other keys' owners past
+    the jump."""
+    p = side.provider
+    held = p.inspect_key(key)
+    if held.owner is None:
+        return None
+    if side.jump_ms:
+        for other in set(side.tokens) - {key}:
+            live = p.inspect_key(other)
+            if live.owner is not None:
+                p.renew_lease(other, live.owner, side.jump_ms + side.ttl, token=live.token)
+    renewed = p.renew_lease(key, held.owner, 1, token=held.token)
+    side.advance(side.jump_ms or 2)
+    return renewed
+
+
+def state(side: Side, key: str) -> tuple[str, Any]:
+    kind, value = _capture(lambda: side.provider.inspect_key(key))
+    return (kind, norm(side, key, value)) if kind == "ok" else (kind, value)
+
+
+# -- drawing ops from the model's state ---------------------------------------------------------
+
+WEIGHTS = {
+    "acquire_or_enqueue": 24,
+    "take_signals": 10,
+    "transfer_to_next": 20,
+    "claim_signal": 6,
+    "renew_lease": 4,
+    "release_lease": 5,
+    "acquire_lease": 5,
+    "transfer_lease": 4,
+    "adopt_orphans": 5,
+    "expire": 8,
+    "get_lease_owner": 2,
+    "pending_signals": 2,
+}
+RESEND_P = 0.15
+
+
+def draw_op(rng: random.Random, model: Side, keys: Sequence[str], weights: dict[str, int]) -> Op:
+    """An op that mostly does something: owners and tokens mostly the model's current ones,
+    sometimes a previous owner, an old token or a forged one."""
+    assert isinstance(model.provider, InMemoryLeaseProvider)
+    records = {k: model.provider.record(k) for k in keys}
+    held = [k for k in keys if records[k].owner]
+    key = rng.choice(held if held and rng.random() < 0.7 else keys)
+    rec, seen = records[key], model.tokens.get(key, [])
+    current = T(seen.index(rec.token)) if rec.owner and rec.token in seen else None
+    name = rng.choices(list(weights), list(weights.values()))[0]
+    if name == "expire" and current is None:
+        name = "acquire_or_enqueue"
+    if current is not None and not rec.claimed and rng.random() < 0.4:
+        name = "claim_signal"  # a hand-off waits for its claim: mostly the right one
+
+    def who() -> str:
+        r = rng.random()
+        if rec.owner and r < 0.8:
+            return rec.owner
+        if rec.prev and r < 0.85:
+            return rec.prev
+        return rng.choice(IDS + WORKERS)
+
+    def grant(owner: str, none_p: float = 0.2) -> T | None:
+        r = rng.random()
+        if r < none_p:
+            return None
+        if current is not None and owner == rec.owner and r < 0.88:
+            return current
+        return T(rng.randrange(len(seen))) if seen and r < 0.95 else T(-1)
+
+    resend = (
+        name not in ("get_lease_owner", "pending_signals", "expire") and rng.random() < RESEND_P
+    )
+    if name == "acquire_or_enqueue":
+        return Op(name, key, id=rng.choice(IDS), v=rng.randrange(100), resend=resend)
+    if name == "adopt_orphans":
+        return Op(name, key, claim=rng.random() < 0.5, resend=resend)
+    if name in ("get_lease_owner", "pending_signals"):
+        return Op(name, key)
+    if name == "expire":
+        return Op(name, key)
+    owner = who()
+    if name in ("release_lease", "acquire_lease"):
+        return Op(
+            name,
+            key,
+            owner=owner if name == "release_lease" else who_new(rng, rec.owner),
+            resend=resend,
+        )
+    if name == "transfer_lease":
+        to = rng.choice([o for o in IDS + WORKERS if o != owner])  # (to self: see the report)
+        return Op(name, key, owner=owner, to=to, resend=resend)
+    token = grant(owner, none_p=0.0 if name == "claim_signal" else 0.2)
+    if name == "take_signals":
+        return Op(name, key, owner=owner, limit=rng.randint(1, 3), token=token, resend=resend)
+    if name == "transfer_to_next":
+        kw: dict[str, Any] = {"owner": owner, "claim": rng.random() < 0.6, "token": token}
+        if rng.random() < 0.35:
+            kw["failure"] = {
+                "error": "boom",
+                "requeue_owner": rng.random() < 0.6,
+                "max_attempts": rng.choice((1, 2, 3)),
+            }
+        return Op(name, key, resend=resend, **kw)
+    return Op(name, key, owner=owner, token=token, resend=resend)
+
+
+def who_new(rng: random.Random, holder: str | None) -> str:
+    """acquire_lease's caller: mostly a plain worker, sometimes the holder again."""
+    return holder if holder and rng.random() < 0.3 else rng.choice(WORKERS + IDS[:2])
+
+
+# -- sequences ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Disagreement:
+    backend: str
+    seed: int | None
+    what: str  # "reply", "state of k0", "token order"
+    model: Any
+    got: Any
+    ops: list[Op]  # up to and including the step that disagreed
+
+    @property
+    def kind(self) -> tuple[str, str, bool, bool]:
+        """(op, "reply" or "state", a resend, the model crashed): one line of the report."""
+        last = self.ops[-1]
+        return (last.name, self.what.split()[0], last.resend, "crashed" in self.what)
+
+    def __str__(self) -> str:
+        lines = [
+            f"{self.backend} (seed {self.seed}) step {len(self.ops) - 1}: {self.what} differs",
+            f"  model:   {self.model!r}",
+            f"  backend: {self.got!r}",
+            "  ops = [",
+            *(f"      {op!r}," for op in self.ops),
+            "  ]",
+        ]
+        return "\n".join(lines)
+
+
+def run_sequence(
+    seed: int | None,
+    backend: Side,
+    model: Side | None = None,
+    *,
+    length: int = 25,
+    ops: Sequence[Op] | None = None,
+    weights: dict[str, int] | None = None,
+    trace: list[tuple[Op, Any]] | None = None,
+) -> list[Disagreement]:
+    """Apply a random sequence (from ``seed``) or ``ops`` to the model and ``backend``; the first
+    disagreement, if any (a fresh namespace per call: adopt_orphans sees every key). ``trace``
+    collects each op with the model's reply."""
+    model = model or model_side()
+    rng = random.Random(seed)
+    keys = KEYS[: rng.choice((1, 2))] if ops is None else sorted({op.key for op in ops})
+    done: list[Op] = []
+    for step in range(length if ops is None else len(ops)):
+        op = ops[step] if ops is not None else draw_op(rng, model, keys, weights or WEIGHTS)
+        done.append(op)
+        want, got = apply(model, op), apply(backend, op)
+        if trace is not None:
+            trace.append((op, want))
+        found = [("reply", want, got)] if want != got else []
+        # the key the step named (every key after adopt_orphans and at the end): a difference
+        # left on another key by a step is still found by a later step's check
+        last = step == (length if ops is None else len(ops)) - 1
+        checked = keys if last or op.name == "adopt_orphans" else (op.key,)
+        if op.name in ("get_lease_owner", "pending_signals") and not last:
+            checked = ()
+        for key in checked if not found else ():
+            want_state, got_state = state(model, key), state(backend, key)
+            if want_state != got_state:
+                found.append((f"state of {key}", want_state, got_state))
+                break
+        if not found and backend.anomalies:
+            found.append(("token order", ("ok", None), ("ok", backend.anomalies[0])))
+        if found:
+            what, want, got = found[0]
+            if want[0] == "crash":
+                what = f"{what} (the model crashed)"
+            return [Disagreement(backend.name, seed, what, want, got, done)]
+    return []
+
+
+def replay(ops: Sequence[Op], backend: Side) -> list[Disagreement]:
+    return run_sequence(None, backend, ops=ops)
+
+
+def shrink(
+    found: Disagreement, make_backend: Callable[[], Side], budget_s: float = 10.0
+) -> Disagreement:
+    """A shorter op list that still ends in a disagreement of the same kind on the same op:
+    drop ops one at a time, then resend flags, while it still fails (within ``budget_s``)."""
+    best, stop = found, time.monotonic() + budget_s
+
+    def retry(candidate: list[Op]) -> bool:
+        nonlocal best
+        if time.monotonic() > stop:
+            return False
+        again = replay(candidate, make_backend())
+        if again and again[0].kind[:2] == best.kind[:2] and again[0].kind[3] == best.kind[3]:
+            best = again[0]
+            return True
+        return False
+
+    progress = True
+    while progress:
+        progress = False
+        for i in reversed(range(len(best.ops) - 1)):
+            if i < len(best.ops) - 1 and retry(best.ops[:i] + best.ops[i + 1 :]):
+                progress = True
+    for i, op in enumerate(best.ops):
+        if op.resend and i < len(best.ops):
+            plain = Op(op.name, op.key, **op.kw)
+            retry([*best.ops[:i], plain, *best.ops[i + 1 :]])
+    best.seed = found.seed
+    return best
+
+
+@dataclass
+class Summary:
+    backend: str
+    sequences: int = 0
+    ops: int = 0
+    seconds: float = 0.0
+    disagreements: list[Disagreement] = field(default_factory=list)
+    stopped: bool = False  # by the time budget, before the last seed
+
+    def __str__(self) -> str:
+        rate = self.ops / self.seconds if self.seconds else 0.0
+        return (
+            f"{self.backend}: {self.sequences} sequences, {self.ops} ops in {self.seconds:.1f} s "
+            f"({rate:.0f} ops/s), {len(self.disagreements)} disagreeing"
+            + (" (stopped by the time budget)" if self.stopped else "")
+        )
+
+
+def run_many(
+    make_backend: Callable[[], Side],
+    seeds: Sequence[int],
+    *,
+    length: int = 25,
+    budget_s: float = float("inf"),
+    weights: dict[str, int] | None = None,
+) -> Summary:
+    """Run a sequence per seed (each on a fresh backend namespace) until the seeds or the time
+    budget run out."""
+    summary = Summary(make_backend.__name__)
+    start = time.monotonic()
+    for seed in seeds:
+        if time.monotonic() - start > budget_s:
+            summary.stopped = True
+            break
+        backend = make_backend()
+        summary.backend = backend.name
+        found = run_sequence(seed, backend, length=length, weights=weights)
+        summary.sequences += 1
+        summary.ops += len(found[0].ops) if found else length
+        summary.disagreements += found
+    summary.seconds = time.monotonic() - start
+    return summary
+
+
+def dynamodb_run(seeds: Sequence[int], length: int, budget_s: float) -> Summary:
+    """:func:`run_many` on DynamoDB in a moto of this process's own, outside pytest (e.g.
+    ``python -c 'from tests.differential import *; print(dynamodb_run(range(50), 25, 1e9))'``
+    from the repository root)."""
+    import os
+
+    import boto3
+    import moto
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        os.environ[name] = "testing"
+    with moto.mock_aws():
+        client = boto3.client("dynamodb", region_name="us-east-1")
+
+        def dynamodb() -> Side:
+            return dynamodb_side(f"lg-{uuid.uuid4().hex[:12]}", client)
+
+        return run_many(dynamodb, seeds, length=length, budget_s=budget_s)
