@@ -305,7 +305,10 @@ def bench_leaseguard(client: Any, peek: Any) -> list[Row]:
         for _ in range(3):
             assert provider.renew_lease(signal_key, first.id, TTL_MS)
         assert provider.transfer_to_next(signal_key, first.id, TTL_MS) is None
-    provider.acquire_or_enqueue(signal_key, first, TTL_MS)
+    # Another event holds the key (``first`` completed: it is remembered and would be a
+    # duplicate now).
+    holder = Signal(str(uuid.uuid4()), event)
+    assert provider.acquire_or_enqueue(signal_key, holder, TTL_MS).acquired
     with meter.measure() as queued:
         result = provider.acquire_or_enqueue(signal_key, Signal(str(uuid.uuid4()), event), TTL_MS)
         assert not result.acquired and result.position == 1

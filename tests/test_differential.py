@@ -230,7 +230,7 @@ REPROS: dict[str, list[Op]] = {
         Op("transfer_to_next", "k0", owner="s4", claim=True, token=T(1)),
         Op("transfer_to_next", "k0", owner="s0", claim=True, token=T(0)),
     ],
-    "resent failure report without a token": [
+    "a failure report without a token (refused before any I/O)": [
         Op("acquire_or_enqueue", "k0", id="s3", v=1),
         Op("transfer_to_next", "k0", owner="s3", claim=False, failure=_BOOM, resend=True),
     ],
@@ -241,7 +241,7 @@ REPROS: dict[str, list[Op]] = {
         Op("expire", "k0"),
         Op("transfer_to_next", "k0", owner="s0", claim=True, token=T(0)),
     ],
-    "transfer_lease to oneself, twice": [
+    "transfer_lease to oneself (refused before any I/O)": [
         Op("acquire_or_enqueue", "k0", id="s1", v=1),
         Op("transfer_lease", "k0", owner="s1", to="s1"),
         Op("transfer_lease", "k0", owner="s1", to="s1"),

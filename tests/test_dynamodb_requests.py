@@ -114,6 +114,16 @@ def test_documented_costs_of_the_other_steps(make: Callable[..., Counted]) -> No
     p.provider.acquire_or_enqueue("h", Signal("s4", {"n": 4}), TTL)
     handed = p.requests(lambda q: q.transfer_to_next("h", "s3", TTL))
     assert handed == ["UpdateItem", "BatchGetItem", "UpdateItem", "BatchWriteItem"]
+    # A duplicate (here: an id completed a moment ago, remembered for the dedupe window): the
+    # payload item, the refused grant that shows it. The unreferenced payload is left to its
+    # TTL: the enqueuer never deletes (a write of its own may still be applied later).
+    dup = p.requests(lambda q: q.acquire_or_enqueue("free", Signal("s1", {"n": 1}), TTL))
+    assert dup == ["PutItem", "UpdateItem"]
+    # A failure report reads the item first (no blind fast path), then one conditional write
+    # completes, retries the owner at the head and hands the key to it.
+    p.provider.acquire_or_enqueue("f", Signal("s5", {"n": 5}), TTL)
+    failed = p.requests(lambda q: q.transfer_to_next("f", "s5", TTL, error="boom"))
+    assert failed == ["GetItem", "BatchGetItem", "UpdateItem"]
 
 
 def _wall_ms() -> int:

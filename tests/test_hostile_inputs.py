@@ -368,7 +368,7 @@ def snapshot(provider: BaseLeaseProvider) -> Any:
             records = {
                 key: copy.deepcopy(vars(rec))
                 for key, rec in provider._keys.items()
-                if rec.owner or rec.queue or rec.records or rec.in_flight or rec.token
+                if rec.owner or rec.queue or rec.stored or rec.in_flight or rec.token
             }
             return records, set(provider._orphan_index)
     if isinstance(provider, RedisLeaseProvider):

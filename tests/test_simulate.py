@@ -80,7 +80,7 @@ class Reorders(InMemoryLeaseProvider):
         if not result.acquired and result.position:
             with self._lock:
                 queue = self._keys[key].queue
-                queue.appendleft(queue.pop())  # jump the queue
+                queue.insert(0, queue.pop())  # jump the queue
         return result
 
 

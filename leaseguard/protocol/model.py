@@ -240,10 +240,18 @@ class ProtocolModel:
             del rec.done[next(iter(rec.done))]
 
     def complete(
-        self, rec: KeyRecord, owner: str, now: int, failure: Failure | None = None
+        self,
+        rec: KeyRecord,
+        owner: str,
+        now: int,
+        failure: Failure | None = None,
+        *,
+        mark_owner: bool = True,
     ) -> None:
         """[G6] The owner finished: its in-flight signals are done (remembered for dedupe), or,
-        after a failure, retried at the head of the queue or dead-lettered."""
+        after a failure, retried at the head of the queue or dead-lettered. ``mark_owner``:
+        ``transfer_to_next`` remembers its owner's id and token (row N4 recognises a resend by
+        it); the contract's release and transfer do not (a plain owner is no signal)."""
         token = rec.token
         back: list[str] = []
         for sid in rec.in_flight:
@@ -260,7 +268,8 @@ class ProtocolModel:
                     back.append(sid)
         # The owner's own step is remembered either way: a resend of it must be recognised
         # after a newcomer overwrote p/pt (a failed one is not deduplicated).
-        self.remember_done(rec, owner, token, now, ok=failure is None)
+        if mark_owner:
+            self.remember_done(rec, owner, token, now, ok=failure is None)
         rec.queue[0:0] = back
         rec.in_flight = []
 
@@ -313,7 +322,7 @@ class ProtocolModel:
         self.observe(rec, now)
         if rec.owner != owner:  # [L5] not the owner (or a resend of an applied release)
             return False
-        self.complete(rec, owner, now)  # [L4]
+        self.complete(rec, owner, now, mark_owner=False)  # [L4]
         self.free(rec, owner, now)
         return True
 
@@ -333,7 +342,7 @@ class ProtocolModel:
         if rec.owner != from_owner:  # [T2]
             return False
         token = rec.token
-        self.complete(rec, from_owner, now)  # [T1]
+        self.complete(rec, from_owner, now, mark_owner=False)  # [T1]
         self.grant(
             rec, to_owner, ttl_ms, now, claimed=True, nonce=None, prev=from_owner, prev_token=token
         )
@@ -405,8 +414,8 @@ class ProtocolModel:
             if rec.prev == owner and (token is None or rec.prev_token == token):
                 if rec.owner is None:
                     return None  # we released it
-                if rec.owner in rec.stored:
-                    return self.signal(rec, rec.owner, rec.token)  # we handed it to this signal
+                if rec.owner in rec.in_flight:  # the head our hand-off granted
+                    return self.signal(rec, rec.owner, rec.token)
             done = rec.done.get(owner)
             if token is not None and done is not None and done.token == token:
                 return None

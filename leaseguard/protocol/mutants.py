@@ -91,13 +91,19 @@ class FailureDropsTaken(_Model):
     """A failed run completes the signals it took instead of retrying them."""
 
     def complete(
-        self, rec: KeyRecord, owner: str, now: int, failure: Failure | None = None
+        self,
+        rec: KeyRecord,
+        owner: str,
+        now: int,
+        failure: Failure | None = None,
+        *,
+        mark_owner: bool = True,
     ) -> None:
         if failure is not None:
             for sid in [s for s in rec.in_flight if s != owner]:
                 rec.stored.pop(sid)
                 rec.in_flight.remove(sid)
-        super().complete(rec, owner, now, failure)
+        super().complete(rec, owner, now, failure, mark_owner=mark_owner)
 
 
 class NoDedupeAfterCompletion(_Model):

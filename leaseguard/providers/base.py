@@ -63,12 +63,11 @@ class BaseLeaseProvider(ABC):
         )
 
     def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        return self._transfer(
-            check_key(key),
-            check_owner(from_owner, "from_owner"),
-            check_owner(to_owner, "to_owner"),
-            check_ttl(ttl_ms),
-        )
+        check_owner(from_owner, "from_owner")
+        if check_owner(to_owner, "to_owner") == from_owner:
+            # A resend of it could not be told from a second call (docs/protocol.md, T3).
+            raise InvalidLeaseArgument("transfer_lease: to_owner must differ from from_owner")
+        return self._transfer(check_key(key), from_owner, to_owner, check_ttl(ttl_ms))
 
     # -- the signal queue -----------------------------------------------------------------------
 
@@ -99,11 +98,16 @@ class BaseLeaseProvider(ABC):
         """``error`` (the failure's text) says the owner's run failed: every signal it holds
         in flight goes back to the head of the queue with one more attempt, or is
         dead-lettered at ``max_attempts``; ``requeue_owner=False`` leaves the owner's own
-        signal to the platform's retry instead (docs/protocol.md, row G6)."""
+        signal to the platform's retry instead (docs/protocol.md, row G6). A failure report
+        needs the grant's ``token``."""
         failure = None
         if error is not None:
             if not isinstance(error, str):
                 raise InvalidLeaseArgument(f"error must be a str or None, got {type(error)}")
+            if token is None:
+                # Without the grant's token a resent report could not be told from a new one
+                # once the same id owns the key again (docs/protocol.md, N4).
+                raise InvalidLeaseArgument("transfer_to_next with error= needs token=")
             failure = Failure(
                 error.encode("utf-8", "replace").decode("utf-8")[:MAX_ERROR_CHARS] or "error",
                 _check_bool("requeue_owner", requeue_owner),

@@ -6,20 +6,29 @@ each one conditional ``UpdateItem``. A refused acquire names the holder from the
 an exception. Two documented exceptions: an acquire by the *current* owner (which must keep its
 token, and a single update expression cannot both keep and raise it) sends a second, conditional
 refresh after the first write's ``ALL_OLD`` showed the caller already holds the key; and a
-release or transfer of a lease that carried in-flight signals deletes their payload items
-afterwards (one ``BatchWriteItem`` per 25); only keys used through the signal queue have any.
+release or transfer of a lease that carried in-flight signals completes them ([G6]) with a
+second write conditional on the first refusal's snapshot, then deletes their payload items (one
+``BatchWriteItem`` per 25); only keys used through the signal queue have any.
 
 **Items.** One table, key ``pk`` (S) + ``sk`` (S), all of a key's items in one partition:
 
 * the lease item, ``pk=<key>``, ``sk="lease"``: ``o`` owner, ``e`` expiry (epoch ms, caller's
-  clock), ``t`` fencing token, ``c`` claimed, ``p`` previous owner (who handed over or released
-  last), ``w`` id of the last write, ``k``/``kn`` nonce and size of the owner's last take,
-  ``q``/``qn`` queued signal ids and their payload refs (parallel lists, FIFO), ``f``/``fn`` the
-  same for signals in flight, ``ttl`` (epoch seconds) and ``gp``/``gx`` for the orphan index;
-* one payload item per queued or in-flight signal, ``sk="sig#<ref>"`` with a random ``ref``,
-  holding ``i`` (signal id), ``r`` (:func:`~leaseguard.signals.encode_signal` text) and ``ttl``.
-  Payloads live outside the lease item so a renewal stays one write unit; the random ref means
-  deleting a completed payload can never delete a later signal that reused the same id.
+  clock), ``t`` fencing token, ``c`` claimed, ``p``/``pt`` the owner that handed over or released
+  last and its token, ``w`` the grant nonce (written only by the call that made or claimed the
+  grant: [Q1] [Q6] [D1] [C1]), ``v`` the version (a fresh nonce on every write except appends,
+  renewals and index moves; snapshot-based writes are conditional on it), ``k``/``kn`` nonce and
+  size of the owner's last take, ``q``/``qn`` queued signal ids and their payload refs (parallel
+  lists, FIFO), ``f``/``fn`` the same for signals in flight, ``a`` failed-attempt counts of
+  stored signals (sparse map), ``d`` the completed-id memory ([G2] [G6]: batches of ids, each
+  ended by a marker ``±(at * 10**20 + token)``), ``x``/``xn`` dead-lettered ids and their
+  payload refs, ``ttl`` (epoch seconds) and ``gp``/``gx`` for the orphan index;
+* one payload item per signal, ``sk="sig#<ref>"`` with a random ``ref``, holding ``i`` (signal
+  id), ``r`` (:func:`~leaseguard.signals.encode_signal` text), ``ttl``, and for a dead letter
+  ``de``/``da``/``df`` (error, attempts, when). Payloads live outside the lease item so a
+  renewal stays one write unit; the random ref means deleting a completed payload can never
+  delete a later signal that reused the same id. Only a completing owner deletes payloads (the
+  ones its write removed from the lease item); an enqueuer never does, since a write of its own
+  may still be applied after its reply was lost: unreferenced payloads are reaped by their TTL.
 
 **Fencing tokens** are ``SET t = if_not_exists(t, :floor) + 1`` where ``:floor`` is the
 caller's clock in microseconds. A release updates the item (it never deletes it), so the token
@@ -48,13 +57,17 @@ re-indexed when the sweep meets it.
 
 **Retries.** botocore retries throttling, 5xx, timeouts and connection errors (standard mode,
 4 attempts in all by default); what still fails is :class:`~leaseguard.errors.LeaseBackendError`.
-A retried write whose first attempt was applied fails its own condition; the ``ALL_OLD`` image
-then shows the write's id (``w``), the take nonce (``k``) or, as on Redis, the previous owner
-(``p``) of a transfer, and the call reports the applied result instead of a failure.
+A resent write whose first attempt was applied fails its own condition; the ``ALL_OLD`` image
+then shows its version ``v`` (nobody wrote since), its grant nonce ``w`` ([Q7] [D3]: appends in
+between do not touch it), its take nonce ``k`` ([K2]), its appended entry ([Q3]), ``p``/``pt``
+or the completed-id memory ([N4] [T3]), and the call reports the applied result. Every
+condition and update expression names the row of :mod:`leaseguard.protocol.model` it
+implements.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -63,7 +76,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from leaseguard.contract import LeaseResult
@@ -73,7 +86,8 @@ from leaseguard.errors import (
     LeaseBackendError,
     LeaseLostError,
 )
-from leaseguard.signals import KeyState, Signal, decode_signal
+from leaseguard.protocol.model import DEDUPE_WINDOW_MS, DONE_LIMIT, Failure
+from leaseguard.signals import DeadLetter, KeyState, Signal, decode_signal
 from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_positive_int
 
 from .base import BaseLeaseProvider
@@ -98,6 +112,14 @@ _OPTIMISTIC_ATTEMPTS = 32
 _TAKE_BATCH = 100
 _BATCH_GET = 100
 _BATCH_WRITE = 25
+# The completed-id memory ([G2]): a completion marker in ``d`` is ``±(at * _MARK + token)``.
+_MARK = 10**20
+# Besides DONE_LIMIT ids, at most this many bytes of ids are remembered (ids may be 1 KiB each;
+# the lease item, which every write pays for, must stay far below DynamoDB's 400 KB).
+DONE_BYTES = 64 * 1024
+# A completer prunes forgotten entries from the head of ``d`` once this many have piled up.
+_PRUNE_MIN = 64
+_PRUNE_MAX = 128  # elements per prune write (an UpdateExpression is limited to 4 KB)
 
 # Every attribute name goes through ExpressionAttributeNames (``owner``, ``ttl`` and many short
 # words are reserved); requests include only the names their expressions use.
@@ -111,7 +133,9 @@ _NAMES = {
         "t",
         "c",
         "p",
+        "pt",
         "w",
+        "v",
         "k",
         "kn",
         "q",
@@ -121,8 +145,15 @@ _NAMES = {
         "ttl",
         "gp",
         "gx",
+        "a",
+        "d",
+        "x",
+        "xn",
         "i",
         "r",
+        "de",
+        "da",
+        "df",
     )
 }
 _NAME_RE = re.compile(r"#\w+")
@@ -158,6 +189,8 @@ def _av(value: object) -> dict[str, Any]:
         return {"S": value}
     if isinstance(value, (list, tuple)):
         return {"L": [_av(v) for v in value]}
+    if isinstance(value, dict):
+        return {"M": {str(k): _av(v) for k, v in value.items()}}
     raise TypeError(f"cannot store {type(value).__name__}")
 
 
@@ -177,8 +210,89 @@ def _strings(item: Mapping[str, Any], name: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class _Done:
+    """One remembered completion ([G6]): the grant's token (0 when the completing call named
+    none), when, and whether it succeeded (a failed one is not deduplicated)."""
+
+    token: int
+    at: int
+    ok: bool
+
+
+def _marker(at: int, token: int, ok: bool) -> int:
+    value = at * _MARK + token
+    return value if ok else -value
+
+
+def _done_view(elements: Sequence[Mapping[str, Any]], now: int) -> dict[str, _Done]:
+    """[G2] The completed ids the model remembers at ``now``, oldest first.
+
+    ``d`` is a list of batches, each the ids one completion finished (S) followed by its marker
+    (N, see :func:`_marker`). A later batch naming an id again replaces the earlier entry (as
+    ``remember_done`` does); entries older than the dedupe window, and the oldest beyond
+    DONE_LIMIT ids or DONE_BYTES bytes of ids, are forgotten even while still stored.
+    """
+    view: dict[str, _Done] = {}
+    batch: list[str] = []
+    for element in elements:
+        sid = _element_id(element)
+        if sid is not None:
+            batch.append(sid)
+        elif "N" in element:
+            value = int(element["N"])
+            done = _Done(abs(value) % _MARK, abs(value) // _MARK, value > 0)
+            for sid in batch:
+                view.pop(sid, None)
+                view[sid] = done
+            batch = []
+    horizon = now - DEDUPE_WINDOW_MS
+    ids = [sid for sid, done in view.items() if done.at > horizon]
+    start, size = len(ids), 0
+    while start > 0 and len(ids) - start < DONE_LIMIT:
+        size += len(ids[start - 1].encode("utf-8")) + 1
+        if size > DONE_BYTES:
+            break
+        start -= 1
+    return {sid: view[sid] for sid in ids[start:]}
+
+
+def _element_id(element: Mapping[str, Any]) -> str | None:
+    """The id an element of ``d`` names: S for a completed id, L[S] for an owner whose run
+    failed (nested, so that ``contains(#d, :me)`` only matches ids to deduplicate)."""
+    if "S" in element:
+        return str(element["S"])
+    if "L" in element and element["L"] and "S" in element["L"][0]:
+        return str(element["L"][0]["S"])
+    return None
+
+
+def _prunable(elements: Sequence[Mapping[str, Any]], view: Mapping[str, _Done]) -> int:
+    """How many leading elements of ``d`` (whole batches, at most _PRUNE_MAX) hold nothing the
+    view still needs: a batch whose ids were all forgotten or named again by a later batch."""
+    final: dict[str, int] = {}
+    for i, element in enumerate(elements):
+        sid = _element_id(element)
+        if sid is not None:
+            final[sid] = i
+    needed = {final[sid] for sid in view if sid in final}
+    cut = 0
+    for i, element in enumerate(elements[:_PRUNE_MAX]):
+        if i in needed:
+            break
+        if "N" in element:
+            cut = i + 1
+    return cut
+
+
+@dataclass(frozen=True)
 class _Lease:
-    """The lease item as read (or as returned by ``ALL_OLD``); absent attributes are empty."""
+    """The lease item as read (or as returned by ``ALL_OLD``); absent attributes are empty.
+
+    ``grant_nonce`` (``w``) names the call that made or claimed the current grant and is written
+    only by those calls ([Q1] [Q6] [D1] [C1]); ``version`` (``v``) is a fresh nonce on every write
+    except appends, renewals and index moves, and is what snapshot-based writes are conditional
+    on (appends only add at the tail of ``q``, which those writes allow for explicitly).
+    """
 
     exists: bool
     owner: str | None = None
@@ -186,12 +300,18 @@ class _Lease:
     token: int | None = None
     claimed: bool = False
     previous: str | None = None
-    write_id: str | None = None
+    prev_token: int | None = None
+    grant_nonce: str | None = None
+    version: str | None = None
     take_nonce: str | None = None
     queue: tuple[str, ...] = ()
     queue_refs: tuple[str, ...] = ()
     in_flight: tuple[str, ...] = ()
     in_flight_refs: tuple[str, ...] = ()
+    attempts: Mapping[str, int] = field(default_factory=dict)
+    done: tuple[Mapping[str, Any], ...] = ()
+    dead: tuple[str, ...] = ()
+    dead_refs: tuple[str, ...] = ()
     indexed: bool = False
     index_at: int | None = None
 
@@ -200,6 +320,8 @@ class _Lease:
         if not item:
             return cls(exists=False)
         claimed = item.get("c")
+        attempts = item.get("a")
+        done = item.get("d")
         return cls(
             exists=True,
             owner=_s(item, "o"),
@@ -207,12 +329,18 @@ class _Lease:
             token=_n(item, "t"),
             claimed=bool(claimed["BOOL"]) if claimed is not None else False,
             previous=_s(item, "p"),
-            write_id=_s(item, "w"),
+            prev_token=_n(item, "pt"),
+            grant_nonce=_s(item, "w"),
+            version=_s(item, "v"),
             take_nonce=_s(item, "k"),
             queue=_strings(item, "q"),
             queue_refs=_strings(item, "qn"),
             in_flight=_strings(item, "f"),
             in_flight_refs=_strings(item, "fn"),
+            attempts=({str(k): int(v["N"]) for k, v in attempts["M"].items()} if attempts else {}),
+            done=tuple(done["L"]) if done else (),
+            dead=_strings(item, "x"),
+            dead_refs=_strings(item, "xn"),
             indexed="gp" in item,
             index_at=_n(item, "gx"),
         )
@@ -237,6 +365,26 @@ class _Lease:
     def pending(self) -> bool:
         return bool(self.queue or self.in_flight)
 
+    def ref_of(self, signal_id: str) -> str | None:
+        """The payload ref of a stored (queued or in-flight) signal."""
+        for ids, refs in ((self.in_flight, self.in_flight_refs), (self.queue, self.queue_refs)):
+            if signal_id in ids:
+                index = ids.index(signal_id)
+                return refs[index] if index < len(refs) else None
+        return None
+
+    def unchanged(self) -> tuple[str, dict[str, object]]:
+        """The condition that the item's version is still the one read."""
+        if self.version is None:
+            return "attribute_not_exists(#v)", {}
+        return "#v = :was", {":was": self.version}
+
+    def queue_unchanged(self) -> tuple[str, dict[str, object]]:
+        """No append since the snapshot (appends do not change the version)."""
+        if not self.queue:
+            return "(attribute_not_exists(#q) OR size(#q) = :zero)", {":zero": 0}
+        return "size(#q) = :nq", {":nq": len(self.queue)}
+
 
 class _ConditionFailed(Exception):
     """A conditional write was refused; ``lease`` is the item as DynamoDB saw it (ALL_OLD)."""
@@ -247,10 +395,22 @@ class _ConditionFailed(Exception):
 
 
 class _Retry:
-    """Returned by a step whose optimistic write lost to another writer: read and try again."""
+    """Returned by a step whose optimistic write lost to another writer: try again from
+    ``lease`` (the ALL_OLD image of the refusal, a consistent snapshot), or read when None."""
+
+    def __init__(self, lease: _Lease | None = None) -> None:
+        self.lease = lease
 
 
-_RETRY = _Retry()
+@dataclass(frozen=True)
+class _Then:
+    """What a completion ([G6]) is followed by: ``free`` (release_lease [L4]), ``to`` (transfer
+    the lease to ``to_owner`` [T1]) or ``next`` (hand off or release [N1] [N2] [N3])."""
+
+    kind: str
+    ttl_ms: int = 0
+    claim: bool = True
+    to_owner: str = ""
 
 
 class DynamoDBLeaseProvider(BaseLeaseProvider):
@@ -424,7 +584,14 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
     def _payloads(self, key: str, refs: Sequence[str]) -> dict[str, str]:
         """Stored signal records by ref (consistent reads); refs whose item is gone (TTL) are
         missing from the result."""
-        found: dict[str, str] = {}
+        return {ref: str(item["r"]["S"]) for ref, item in self._payload_items(key, refs).items()}
+
+    def _payload_items(
+        self, key: str, refs: Sequence[str], extra: Sequence[str] = ()
+    ) -> dict[str, dict[str, Any]]:
+        """Payload items by ref (``r`` and the ``extra`` attributes), consistent reads."""
+        found: dict[str, dict[str, Any]] = {}
+        names = ["sk", "r", *extra]
         for start in range(0, len(refs), _BATCH_GET):
             keys = [
                 {"pk": {"S": key}, "sk": {"S": SIGNAL_SK_PREFIX + ref}}
@@ -439,14 +606,15 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                             self.table_name: {
                                 "Keys": keys,
                                 "ConsistentRead": True,
-                                "ProjectionExpression": "#sk, #r",
-                                "ExpressionAttributeNames": {"#sk": "sk", "#r": "r"},
+                                "ProjectionExpression": ", ".join(f"#{n}" for n in names),
+                                "ExpressionAttributeNames": {f"#{n}": n for n in names},
                             }
                         }
                     },
                 )
                 for item in response.get("Responses", {}).get(self.table_name, []):
-                    found[str(item["sk"]["S"])[len(SIGNAL_SK_PREFIX) :]] = str(item["r"]["S"])
+                    if "r" in item:
+                        found[str(item["sk"]["S"])[len(SIGNAL_SK_PREFIX) :]] = dict(item)
                 keys = response.get("UnprocessedKeys", {}).get(self.table_name, {}).get("Keys")
                 if not keys:
                     break
@@ -454,6 +622,16 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
             else:
                 raise LeaseBackendError(f"DynamoDB kept throttling payload reads of {key!r}")
         return found
+
+    def _stored_signal(
+        self, key: str, lease: _Lease, signal_id: str, token: int | None
+    ) -> Signal | None:
+        """A stored signal of the snapshot, decoded with its attempts (None: payload gone)."""
+        ref = lease.ref_of(signal_id)
+        stored = self._payloads(key, [ref]).get(ref) if ref is not None else None
+        if stored is None:
+            return None
+        return decode_signal(signal_id, stored, token, lease.attempts.get(signal_id, 0))
 
     def _put_signal(self, key: str, signal_id: str, record: str, now: int) -> str:
         ref = _nonce()
@@ -511,17 +689,18 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
     def _acquire(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
         for _ in range(_OPTIMISTIC_ATTEMPTS):
             now, cutoff = self._times()
-            nonce = _nonce()
+            version = _nonce()
             try:
-                # A dead owner's in-flight signals are not this owner's to complete: they go
-                # back to the head of the queue (the key stays in the orphan index).
+                # [L3] free (or our own expired lease): a new grant. A dead owner's in-flight
+                # signals are not this owner's to complete: they go back to the head of the
+                # queue (the key stays in the orphan index). No grant nonce ([G3] nonce=None).
                 attrs = self._update(
                     key,
                     "SET #o = :me, #e = :exp, #t = if_not_exists(#t, :floor) + :one, #c = :true,"
-                    " #w = :w, #ttl = :ttl,"
+                    " #v = :v, #ttl = :ttl,"
                     " #q = list_append(if_not_exists(#f, :empty), if_not_exists(#q, :empty)),"
                     " #qn = list_append(if_not_exists(#fn, :empty), if_not_exists(#qn, :empty))"
-                    " REMOVE #p, #k, #kn, #f, #fn",
+                    " REMOVE #p, #pt, #w, #k, #kn, #f, #fn",
                     _FREE_FOR_ME,
                     {
                         ":me": owner,
@@ -529,7 +708,7 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                         ":floor": now * 1000,
                         ":one": 1,
                         ":true": True,
-                        ":w": nonce,
+                        ":v": version,
                         ":ttl": self._ttl(now + ttl_ms),
                         ":now": now,
                         ":cutoff": cutoff,
@@ -540,18 +719,18 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                 return LeaseResult(True, owner, _n(attrs, "t"))
             except _ConditionFailed as failed:
                 old = failed.lease
-            if old.write_id == nonce:  # a botocore retry of the grant above, applied earlier
+            if old.version == version:  # a botocore resend of the grant above, applied earlier
                 return LeaseResult(True, owner, old.token)
-            if old.live_owner(owner, now):
+            if old.live_owner(owner, now):  # [L1] the owner again: same token, new deadline
                 if old.token is not None and self._refresh(key, owner, old.token, ttl_ms):
                     return LeaseResult(True, owner, old.token)
                 continue
-            if old.holder(cutoff) is not None:
+            if old.holder(cutoff) is not None:  # [L2] refused, naming the holder
                 return LeaseResult(False, old.holder(cutoff), old.token)
         raise LeaseBackendError(f"acquire of {key!r} did not settle under contention")
 
     def _refresh(self, key: str, owner: str, token: int, ttl_ms: int) -> bool:
-        """The current owner acquiring again: a new deadline, the same token."""
+        """[L1] The current owner acquiring again: a new deadline, the same token."""
         now, _ = self._times()
         try:
             self._update(
@@ -576,23 +755,36 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
 
     def _release(self, key: str, owner: str) -> None:
         now, _ = self._times()
+        version = _nonce()
         try:
-            old = self._update(
+            # [L4] with nothing in flight (a plain lease): [G7] free in one blind write. The
+            # queue, if any, stays for the sweeper (gx = 0). See docs/dynamodb.md: a plain
+            # owner's id is not added to the completed-id memory.
+            self._update(
                 key,
-                "SET #p = :me, #w = :w, #gx = :zero, #ttl = :ttl REMOVE #o, #c, #k, #kn, #f, #fn",
-                _LIVE_OWNER,
-                {":me": owner, ":w": _nonce(), ":zero": 0, ":ttl": self._ttl(now), ":now": now},
-                returns="UPDATED_OLD",
+                "SET #p = :me, #pt = #t, #v = :v, #gx = :zero, #ttl = :ttl"
+                " REMOVE #o, #c, #w, #k, #kn",
+                f"{_LIVE_OWNER} AND (attribute_not_exists(#f) OR size(#f) = :zero)",
+                {":me": owner, ":v": version, ":zero": 0, ":ttl": self._ttl(now), ":now": now},
             )
-        except _ConditionFailed:
-            return  # not the owner (or a retry of a release that was applied): nothing to do
-        completed = _strings(old, "fn")
-        if completed:
-            self._delete_signals(key, completed)
+            return
+        except _ConditionFailed as failed:
+            lease = failed.lease
+        for _ in range(_OPTIMISTIC_ATTEMPTS):
+            now, _ = self._times()
+            if lease.version == version or not lease.live_owner(owner, now):
+                return  # [L5] not the owner (or a resend of a release that was applied)
+            # [L4] signals in flight: [G6] complete them, then [G7] free.
+            outcome = self._complete(key, lease, owner, now, None, _Then("free"))
+            if not isinstance(outcome, _Retry):
+                return
+            lease = outcome.lease or self._read(key)
+        raise LeaseBackendError(f"release of {key!r} did not settle")
 
     def _renew(self, key: str, owner: str, ttl_ms: int, token: int | None = None) -> bool:
         now, _ = self._times()
         try:
+            # [R1] the holder (of exactly this grant) extends; [R2] never revives an expired one
             self._update(
                 key,
                 "SET #e = :exp, #ttl = :ttl",
@@ -611,36 +803,45 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
 
     def _transfer(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         now, cutoff = self._times()
-        nonce = _nonce()
+        version = _nonce()
         try:
-            old = self._update(
+            # [T1] with nothing in flight: [G6] has nothing to complete; the grant ([G3],
+            # nonce None, prev = from_owner) in one blind write.
+            self._update(
                 key,
-                "SET #o = :to, #e = :exp, #t = #t + :one, #c = :true, #p = :me, #w = :w,"
-                " #ttl = :ttl REMOVE #k, #kn, #f, #fn",
-                _LIVE_OWNER,
+                "SET #o = :to, #e = :exp, #t = #t + :one, #c = :true, #p = :me, #pt = #t,"
+                " #v = :v, #ttl = :ttl REMOVE #w, #k, #kn",
+                f"{_LIVE_OWNER} AND (attribute_not_exists(#f) OR size(#f) = :zero)",
                 {
                     ":me": from_owner,
                     ":to": to_owner,
                     ":exp": now + ttl_ms,
                     ":one": 1,
+                    ":zero": 0,
                     ":true": True,
-                    ":w": nonce,
+                    ":v": version,
                     ":ttl": self._ttl(now + ttl_ms),
                     ":now": now,
                 },
-                returns="UPDATED_OLD",
             )
+            return True
         except _ConditionFailed as failed:
-            old_lease = failed.lease
-            # A retry of a transfer that was applied (by this call, or by an earlier call whose
-            # reply was lost) reports success, as on Redis.
-            return old_lease.write_id == nonce or (
-                old_lease.holder(cutoff) == to_owner and old_lease.previous == from_owner
-            )
-        completed = _strings(old, "fn")
-        if completed:
-            self._delete_signals(key, completed)
-        return True
+            lease = failed.lease
+        for _ in range(_OPTIMISTIC_ATTEMPTS):
+            now, cutoff = self._times()
+            if lease.version == version:
+                return True  # a botocore resend of the write above, applied earlier
+            if lease.holder(cutoff) == to_owner and lease.previous == from_owner:
+                return True  # [T3] a resend of a transfer that was applied
+            if not lease.live_owner(from_owner, now):
+                return False  # [T2]
+            # [T1] signals in flight: [G6] complete them, then the grant.
+            then = _Then("to", ttl_ms=ttl_ms, to_owner=to_owner)
+            outcome = self._complete(key, lease, from_owner, now, None, then)
+            if not isinstance(outcome, _Retry):
+                return True
+            lease = outcome.lease or self._read(key)
+        raise LeaseBackendError(f"transfer of {key!r} did not settle")
 
     # -- the signal queue -----------------------------------------------------------------------
 
@@ -649,127 +850,173 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
     ) -> LeaseResult:
         me = signal.id
         now, _ = self._times()
-        # Whatever happens next, the signal's payload is needed: the new owner's own signal is
-        # kept in flight (re-delivered if its process dies) and a queued one waits in the queue.
-        # Written first, so no lease item ever references a payload that is not there yet.
+        # The payload item is written first, so no lease item ever references a payload that is
+        # not there yet. It is never deleted here: a write of this call may have been applied
+        # with its reply lost (or after botocore gave up), so only the completing owner, which
+        # sees the lease item reference it, deletes it; an unreferenced one (a duplicate) is
+        # reaped by its TTL.
         ref = self._put_signal(key, me, record, now)
-        kept = False
-        try:
-            for _ in range(_OPTIMISTIC_ATTEMPTS):
-                now, cutoff = self._times()
-                nonce = _nonce()
-                try:
-                    attrs = self._update(
-                        key,
-                        "SET #o = :me, #e = :exp, #t = if_not_exists(#t, :floor) + :one,"
-                        " #c = :true, #w = :w, #f = :f, #fn = :fn, #gp = :shard, #gx = :exp,"
-                        " #ttl = :ttl REMOVE #p, #k, #kn",
-                        f"{_TAKEOVER} AND {_NOTHING_PENDING}",
-                        {
-                            ":me": me,
-                            ":exp": now + ttl_ms,
-                            ":floor": now * 1000,
-                            ":one": 1,
-                            ":zero": 0,
-                            ":true": True,
-                            ":w": nonce,
-                            ":f": [me],
-                            ":fn": [ref],
-                            ":shard": self._shard(key),
-                            ":ttl": self._ttl(now + ttl_ms),
-                            ":cutoff": cutoff,
-                        },
-                        returns="UPDATED_NEW",
-                    )
-                    kept = True
-                    return LeaseResult(True, me, _n(attrs, "t"))
-                except _ConditionFailed as failed:
-                    old = failed.lease
-                if old.write_id == nonce:  # a botocore retry of the grant, applied earlier
-                    kept = True
-                    return LeaseResult(True, me, old.token)
-                holder = old.holder(cutoff)
-                if holder is not None:
-                    if holder == me or me in old.in_flight:
-                        # A second delivery of a signal that runs (or was taken) already.
-                        return LeaseResult(False, holder, old.token, position=None)
-                    if me in old.queue:
-                        position = old.queue.index(me) + 1
-                        return LeaseResult(False, holder, old.token, position=position)
-                    queued = self._append(key, me, ref, cutoff)
-                    if queued is not None:
-                        result, kept = queued
-                        return result
-                    continue
-                # Free, but the previous owner died with work pending: that work goes first.
-                # The ALL_OLD image is a consistent snapshot, and its write id the version the
-                # adoption is conditional on, so no extra read is needed.
-                if not old.pending:
-                    continue
-                adopted = self._grant_orphan(key, old, ttl_ms, True, (me, ref), now, cutoff)
-                if isinstance(adopted, Signal):
-                    kept = me not in old.queue + old.in_flight
-                    return LeaseResult(True, adopted.id, adopted.token, adopted=adopted)
-            raise LeaseBackendError(f"acquire_or_enqueue on {key!r} did not settle")
-        finally:
-            if not kept:
-                self._delete_signals(key, [ref])
+        nonce = _nonce()  # this call's grant nonce: [Q7] recognises its applied grants
+        lease: _Lease | None = None
+        for _ in range(_OPTIMISTIC_ATTEMPTS):
+            now, cutoff = self._times()
+            if lease is None:
+                granted = self._grant_free(key, me, ref, ttl_ms, nonce, now, cutoff)
+                if isinstance(granted, LeaseResult):
+                    return granted
+                lease = granted
+            holder = lease.holder(cutoff)
+            if holder is not None and lease.grant_nonce == nonce:
+                # [Q7] a resend of this very call, which was applied (by the grant or adoption)
+                return self._granted(key, lease, me)
+            token = lease.token if holder is not None else None
+            view = _done_view(lease.done, now)
+            done = view.get(me)
+            if (done is not None and done.ok) or me in lease.dead:
+                return LeaseResult(False, holder, token)  # [Q5] completed or dead-lettered
+            if self._forget(key, lease, me, view):
+                lease = None  # a forgotten entry of ours blocked the conditions: again
+                continue
+            if holder == me:
+                return LeaseResult(False, holder, token)  # [Q4] a second delivery of the owner
+            if holder is not None:
+                if me in lease.queue:  # [Q3] queued: its place
+                    return LeaseResult(False, holder, token, position=lease.queue.index(me) + 1)
+                if me in lease.in_flight:  # [Q3] in flight: no place
+                    return LeaseResult(False, holder, token, position=None)
+                appended = self._append(key, me, ref, cutoff)  # [Q2]
+                if isinstance(appended, LeaseResult):
+                    return appended
+                lease = appended
+                continue
+            if not lease.pending:
+                lease = None  # free and idle again: [Q1] once more
+                continue
+            # [Q6] orphaned: the dead owner's work first, this signal behind it, the head owns
+            adopted = self._grant_orphan(key, lease, ttl_ms, True, (me, ref), nonce, now, cutoff)
+            if isinstance(adopted, _Retry):
+                lease = adopted.lease
+                continue
+            if adopted is None:  # every payload was gone (TTL) and ours too: again
+                lease = None
+                continue
+            head, owner_signal = adopted
+            if head == me:
+                return LeaseResult(True, me, owner_signal.token)
+            return LeaseResult(True, head, owner_signal.token, adopted=owner_signal)
+        raise LeaseBackendError(f"acquire_or_enqueue on {key!r} did not settle")
 
-    def _append(self, key: str, me: str, ref: str, cutoff: int) -> tuple[LeaseResult, bool] | None:
-        """Queue ``me`` behind a live holder: one conditional write, so the holder cannot finish
-        and leave between our check and the append (no lost wakeup). Returns the result and
-        whether our payload item ``ref`` is the one referenced; ``None`` when the key changed
-        hands and the caller must look again."""
+    def _grant_free(
+        self, key: str, me: str, ref: str, ttl_ms: int, nonce: str, now: int, cutoff: int
+    ) -> LeaseResult | _Lease:
+        """[Q1] free, nothing queued or in flight, ``me`` neither completed nor dead-lettered:
+        ``me`` owns the key and stays in flight. Otherwise the item as it stands (ALL_OLD)."""
+        try:
+            attrs = self._update(
+                key,
+                "SET #o = :me, #e = :exp, #t = if_not_exists(#t, :floor) + :one,"
+                " #c = :true, #w = :w, #v = :v, #f = :f, #fn = :fn, #gp = :shard, #gx = :exp,"
+                " #ttl = :ttl REMOVE #p, #pt, #k, #kn, #a",
+                f"{_TAKEOVER} AND {_NOTHING_PENDING}"
+                " AND NOT contains(#d, :me) AND NOT contains(#x, :me)",
+                {
+                    ":me": me,
+                    ":exp": now + ttl_ms,
+                    ":floor": now * 1000,
+                    ":one": 1,
+                    ":zero": 0,
+                    ":true": True,
+                    ":w": nonce,
+                    ":v": _nonce(),
+                    ":f": [me],
+                    ":fn": [ref],
+                    ":shard": self._shard(key),
+                    ":ttl": self._ttl(now + ttl_ms),
+                    ":cutoff": cutoff,
+                },
+                returns="UPDATED_NEW",
+            )
+        except _ConditionFailed as failed:
+            return failed.lease
+        return LeaseResult(True, me, _n(attrs, "t"))
+
+    def _granted(self, key: str, lease: _Lease, me: str) -> LeaseResult:
+        """The reply of a grant that is the current lease (model ``granted``)."""
+        assert lease.owner is not None
+        if lease.owner == me:
+            return LeaseResult(True, me, lease.token)
+        adopted = self._stored_signal(key, lease, lease.owner, lease.token)
+        return LeaseResult(True, lease.owner, lease.token, adopted=adopted)
+
+    def _forget(self, key: str, lease: _Lease, me: str, view: Mapping[str, _Done]) -> bool:
+        """[G2] ``d`` still holds entries of ``me`` that do not deduplicate it (forgotten: past
+        the window or the limits; or replaced by a later failed run): they would refuse the
+        [Q1] / [Q2] conditions, so remove them (each conditional on still being at its
+        index). True when something was removed."""
+        done = view.get(me)
+        if done is not None and done.ok:
+            return False
+        at = [i for i, e in enumerate(lease.done) if e.get("S") == me][:32]
+        if not at:
+            return False
+        names = ", ".join(f"#d[{i}]" for i in at)
+        # If d moved on (a prune) this refuses; the caller reads again either way.
+        with contextlib.suppress(_ConditionFailed):
+            self._update(
+                key,
+                f"REMOVE {names}",
+                " AND ".join(f"#d[{i}] = :me" for i in at),
+                {":me": me},
+            )
+        return True
+
+    def _append(self, key: str, me: str, ref: str, cutoff: int) -> LeaseResult | _Lease:
+        """[Q2] Queue ``me`` behind a live holder: one conditional write, so the holder cannot
+        finish and leave between our check and the append (no lost wakeup). Appends change
+        neither the version nor the grant nonce. Otherwise the item as it stands (ALL_OLD)."""
         try:
             new = _Lease.parse(
                 self._update(
                     key,
                     "SET #q = list_append(if_not_exists(#q, :empty), :id),"
                     " #qn = list_append(if_not_exists(#qn, :empty), :ref),"
-                    " #gp = :shard, #gx = #e, #w = :w",
+                    " #gp = :shard, #gx = #e",
+                    # [Q2] held (also in limbo) by someone else; [Q3] [Q5] not stored, not
+                    # remembered as completed, not dead-lettered
                     "attribute_exists(#o) AND #o <> :me AND #e >= :cutoff"
-                    " AND NOT contains(#q, :me) AND NOT contains(#f, :me)",
+                    " AND NOT contains(#q, :me) AND NOT contains(#f, :me)"
+                    " AND NOT contains(#d, :me) AND NOT contains(#x, :me)",
                     {
                         ":me": me,
                         ":id": [me],
                         ":ref": [ref],
                         ":empty": [],
                         ":shard": self._shard(key),
-                        ":w": _nonce(),
                         ":cutoff": cutoff,
                     },
                     returns="ALL_NEW",
                 )
             )
         except _ConditionFailed as failed:
-            old = failed.lease
-            holder = old.holder(cutoff)
-            if holder is None:
-                return None
-            if me in old.queue:
-                index = old.queue.index(me)
-                # Queued by a retry of this very request (our payload) or by a duplicate.
-                mine = index < len(old.queue_refs) and old.queue_refs[index] == ref
-                return LeaseResult(False, holder, old.token, position=index + 1), mine
-            if holder == me or me in old.in_flight:
-                return LeaseResult(False, holder, old.token, position=None), False
-            return None
-        return LeaseResult(False, new.owner, new.token, position=len(new.queue)), True
+            return failed.lease  # a resend of an applied append is recognised by the caller
+        return LeaseResult(False, new.owner, new.token, position=len(new.queue))
 
     def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]:
         taken_ids: list[str] = []
         taken_refs: list[str] = []
-        attempts = 0
+        attempts: Mapping[str, int] = {}
+        tries = 0
         while len(taken_ids) < limit:
-            attempts += 1
-            if attempts > _OPTIMISTIC_ATTEMPTS + limit // _TAKE_BATCH:
+            tries += 1
+            if tries > _OPTIMISTIC_ATTEMPTS + limit // _TAKE_BATCH:
                 raise LeaseBackendError(f"take_signals on {key!r} did not settle")
             now, cutoff = self._times()
             lease = self._read(key)
             if not lease.live_grant(owner, now, token):
                 if taken_ids:
                     break  # what we moved is in flight for us; adopt re-delivers it if we died
-                raise LeaseLostError(key, owner, lease.holder(cutoff))
+                raise LeaseLostError(key, owner, lease.holder(cutoff))  # [K3]
+            attempts = lease.attempts
             n = min(limit - len(taken_ids), len(lease.queue), _TAKE_BATCH)
             if n == 0:
                 break
@@ -777,11 +1024,12 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
             nonce = _nonce()
             removes = ", ".join(f"#q[{i}], #qn[{i}]" for i in range(n))
             try:
+                # [K1] the head of the queue moves to the owner's in-flight list
                 self._update(
                     key,
                     f"REMOVE {removes} SET #f = list_append(if_not_exists(#f, :empty), :ids),"
                     " #fn = list_append(if_not_exists(#fn, :empty), :refs),"
-                    " #k = :k, #kn = :n, #w = :k",
+                    " #k = :k, #kn = :n, #v = :v",
                     # Only the owner removes from the head, and only under its token: if the
                     # head is still the one we read, the first n entries are too. Appends at
                     # the tail by forwarders do not conflict.
@@ -796,10 +1044,11 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                         ":empty": [],
                         ":k": nonce,
                         ":n": n,
+                        ":v": _nonce(),
                     },
                 )
             except _ConditionFailed as failed:
-                if failed.lease.take_nonce != nonce:
+                if failed.lease.take_nonce != nonce:  # [K2] else: our batch, applied earlier
                     continue
             taken_ids += ids
             taken_refs += refs
@@ -807,156 +1056,290 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                 break  # we took all there was; later arrivals wait for the next call
         payloads = self._payloads(key, taken_refs)
         return [
-            decode_signal(signal_id, payloads[ref])
+            decode_signal(signal_id, payloads[ref], None, attempts.get(signal_id, 0))
             for signal_id, ref in zip(taken_ids, taken_refs, strict=True)
             if ref in payloads
         ]
 
     def _transfer_to_next(
-        self, key: str, owner: str, ttl_ms: int, claim: bool, token: int | None = None
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        claim: bool,
+        token: int | None = None,
+        failure: Failure | None = None,
     ) -> Signal | None:
-        for _ in range(_OPTIMISTIC_ATTEMPTS):
-            now, cutoff = self._times()
-            # Most owners finish with nothing queued, so first try to release in one write,
+        lease: _Lease | None = None
+        if failure is None:
+            # Most owners finish with nothing queued, so first try [G6] + [N1] in one write,
             # conditional on the queue being empty (a forwarder that appended meanwhile makes
             # it fail: no lost wakeup). A refusal's ALL_OLD image is the consistent snapshot
             # the hand-off works from, so no separate read is needed.
-            released = self._release_if_idle(key, owner, now, token)
-            if not isinstance(released, _Lease):
-                if released:
-                    self._delete_signals(key, released)
+            released = self._release_if_idle(key, owner, token)
+            if released is None:
                 return None
             lease = released
+        for _ in range(_OPTIMISTIC_ATTEMPTS):
+            now, cutoff = self._times()
+            if lease is None:
+                lease = self._read(key)
             if not lease.live_grant(owner, now, token):
-                # A retry of a step that was applied, by this grant: a release keeps its token,
-                # a hand-off raised it by one.
-                ours = token is None or lease.token == (token if lease.owner is None else token + 1)
-                if lease.previous == owner and ours:
-                    holder = lease.holder(cutoff)
-                    if holder is None:
-                        return None
-                    if holder in lease.in_flight:
-                        ref = lease.in_flight_refs[lease.in_flight.index(holder)]
-                        stored = self._payloads(key, [ref]).get(ref)
-                        if stored is not None:
-                            return decode_signal(holder, stored, lease.token)
-                raise LeaseLostError(key, owner, lease.holder(cutoff))
-            if not lease.queue:
-                continue  # emptied between the two (cannot happen with one owner): again
-            result = self._hand_off(key, lease, owner, ttl_ms, claim, now)
-            if not isinstance(result, _Retry):
-                if lease.in_flight_refs:
-                    self._delete_signals(key, lease.in_flight_refs)
-                return result
+                return self._not_holding(key, lease, owner, token, now, cutoff)
+            outcome = self._complete(key, lease, owner, now, failure, _Then("next", ttl_ms, claim))
+            if not isinstance(outcome, _Retry):
+                return outcome if isinstance(outcome, Signal) else None
+            lease = outcome.lease
         raise LeaseBackendError(f"transfer_to_next on {key!r} did not settle")
 
-    def _release_if_idle(
-        self, key: str, owner: str, now: int, token: int | None = None
-    ) -> tuple[str, ...] | _Lease:
-        """Release when ``owner`` holds the key and nothing is queued: returns the payload
-        refs it completed. Otherwise nothing changes and the item as it stands is returned."""
-        nonce = _nonce()
+    def _not_holding(
+        self, key: str, lease: _Lease, owner: str, token: int | None, now: int, cutoff: int
+    ) -> Signal | None:
+        """[N4] a resend of a step that was applied (we handed over or released last, or our
+        grant is remembered as completed), else [N5] LeaseLostError."""
+        if lease.previous == owner and (token is None or lease.prev_token == token):
+            holder = lease.holder(cutoff)
+            if holder is None:
+                return None  # we released it
+            if holder in lease.in_flight:  # the head our hand-off granted
+                return self._stored_signal(key, lease, holder, lease.token)
+            # moved by transfer_lease, not by our hand-off: the done memory decides
+        done = _done_view(lease.done, now).get(owner)
+        if token is not None and done is not None and done.token == token:
+            return None
+        raise LeaseLostError(key, owner, lease.holder(cutoff))
+
+    def _release_if_idle(self, key: str, owner: str, token: int | None) -> _Lease | None:
+        """[G6] + [N1] for a signal owner (its own signal heads the in-flight list) with nothing
+        queued, in one write: every in-flight signal and the owner are remembered as completed
+        (``d``), the key is freed and leaves the index. Returns None when released, else the
+        item as it stands (ALL_OLD)."""
+        now, _ = self._times()
+        version = _nonce()
         try:
             old = self._update(
                 key,
-                "SET #p = :me, #w = :w, #ttl = :ttl"
-                " REMOVE #o, #c, #k, #kn, #f, #fn, #q, #qn, #gp, #gx",
-                f"{_LIVE_OWNER}{_same_grant(token)}"
+                "SET #p = :me, #pt = #t, #v = :v, #ttl = :ttl,"
+                " #d = list_append(list_append(if_not_exists(#d, :empty), #f), :mark)"
+                " REMOVE #o, #c, #w, #k, #kn, #f, #fn, #q, #qn, #gp, #gx, #a",
+                f"{_LIVE_OWNER}{_same_grant(token)} AND #f[0] = :me"
                 " AND (attribute_not_exists(#q) OR size(#q) = :zero)",
                 {
                     ":me": owner,
                     ":now": now,
                     ":zero": 0,
-                    ":w": nonce,
+                    ":v": version,
                     ":ttl": self._ttl(now),
                     ":grant": token,
+                    ":empty": [],
+                    ":mark": [_marker(now, token or 0, True)],
                 },
                 returns="ALL_OLD",
             )
         except _ConditionFailed as failed:
-            old_lease = failed.lease
-            if old_lease.write_id == nonce:  # a botocore retry of this very release
-                return ()
-            return old_lease
-        return _strings(old, "fn")
+            if failed.lease.version == version:  # a botocore resend of this very release
+                return None
+            return failed.lease
+        completed = _strings(old, "fn")
+        if completed:
+            self._delete_signals(key, completed)
+        done = list(old["d"]["L"]) if "d" in old else []
+        done += [{"S": sid} for sid in _strings(old, "f")]
+        done.append({"N": str(_marker(now, token or 0, True))})
+        self._prune(key, done, now)
+        return None
 
-    def _hand_off(
-        self, key: str, lease: _Lease, owner: str, ttl_ms: int, claim: bool, now: int
-    ) -> Signal | _Retry | None:
-        assert lease.token is not None
-        head_at, stored = self._first_payload(key, lease.queue_refs)
-        nonce = _nonce()
-        in_flight = len(lease.in_flight)
-        values: dict[str, object] = {
-            ":me": owner,
-            ":now": now,
-            ":tok": lease.token,
-            ":zero": 0,
-            ":nf": in_flight,
-            ":w": nonce,
-        }
-        same_flight = (
-            "(attribute_not_exists(#f) OR size(#f) = :zero)"
-            if in_flight == 0
-            else "(attribute_exists(#f) AND size(#f) = :nf)"
-        )
-        condition = f"{_LIVE_OWNER} AND #t = :tok AND {same_flight}"
-        if stored is None:
-            # Nothing to hand to: release, unless a forwarder appended since our read.
-            values[":ttl"] = self._ttl(now)
-            if lease.queue:  # every queued payload is gone (TTL): drop them with the lease
-                condition += " AND #q[0] = :head AND size(#q) = :nq"
-                values[":head"] = lease.queue[0]
-                values[":nq"] = len(lease.queue)
-            else:
-                condition += " AND (attribute_not_exists(#q) OR size(#q) = :zero)"
-            try:
-                self._update(
-                    key,
-                    "SET #p = :me, #w = :w, #ttl = :ttl"
-                    " REMOVE #o, #c, #k, #kn, #f, #fn, #q, #qn, #gp, #gx",
-                    condition,
-                    values,
-                )
-            except _ConditionFailed as failed:
-                old = failed.lease
-                if old.write_id == nonce or (old.owner is None and old.previous == owner):
-                    return None
-                return _RETRY
-            return None
-        head = lease.queue[head_at]
-        token = lease.token + 1
-        removes = ", ".join(f"#q[{i}], #qn[{i}]" for i in range(head_at + 1))
-        values.update(
-            {
-                ":head": lease.queue[0],
-                ":next": head,
-                ":exp": now + ttl_ms,
-                ":new": token,
-                ":claimed": claim,
-                ":f": [head],
-                ":fn": [lease.queue_refs[head_at]],
-                ":shard": self._shard(key),
-                ":ttl": self._ttl(now + ttl_ms),
-            }
-        )
-        try:
+    def _prune(self, key: str, done: Sequence[Mapping[str, Any]], now: int) -> None:
+        """Drop forgotten batches from the head of ``d`` once enough piled up ([G2]): one
+        write, conditional on the last removed element (a unique marker) being where it was.
+        Best effort: a failure only leaves them for the next completion."""
+        cut = _prunable(done, _done_view(done, now))
+        if cut < _PRUNE_MIN:
+            return
+        names = ", ".join(f"#d[{i}]" for i in range(cut))
+        with contextlib.suppress(_ConditionFailed, LeaseBackendError):
             self._update(
                 key,
-                f"REMOVE {removes}, #k, #kn SET #o = :next, #e = :exp, #t = :new,"
-                " #c = :claimed, #p = :me, #w = :w, #f = :f, #fn = :fn, #gp = :shard,"
-                " #gx = :exp, #ttl = :ttl",
-                f"{condition} AND #q[0] = :head",
-                values,
+                f"REMOVE {names}",
+                f"#d[{cut - 1}] = :m",
+                {":m": int(done[cut - 1]["N"])},
+            )
+
+    def _complete(
+        self,
+        key: str,
+        lease: _Lease,
+        owner: str,
+        now: int,
+        failure: Failure | None,
+        then: _Then,
+    ) -> Signal | bool | _Retry | None:
+        """[G6] complete the owner's in-flight signals, then ``then``: one write conditional on
+        the snapshot ``lease`` (the live grant, its version; appends allowed for).
+
+        Returns the next owner's signal ([N2] [N3]), None ([N1]), True ([L4] [T1]), or a
+        :class:`_Retry` with the item as it stands."""
+        assert lease.token is not None
+        token = lease.token
+        attempts = dict(lease.attempts)
+        done_ids: list[str] = []
+        back: list[tuple[str, str]] = []
+        dead: list[tuple[str, str, int]] = []
+        drop: list[str] = []
+        for sid, ref in zip(lease.in_flight, lease.in_flight_refs, strict=False):
+            attempts.pop(sid, None)
+            if failure is None:
+                done_ids.append(sid)
+                drop.append(ref)
+            elif sid != owner or failure.requeue_owner:
+                count = lease.attempts.get(sid, 0) + 1
+                if count >= failure.max_attempts:
+                    dead.append((sid, ref, count))  # [G6] dead-lettered
+                else:
+                    attempts[sid] = count  # [G6] back to the head of the queue
+                    back.append((sid, ref))
+            else:
+                drop.append(ref)  # the platform retries the owner's own event
+        # The owner's own step is remembered either way (a failed one is not deduplicated,
+        # so it is nested: [G6] / [N4] read it, the dedupe conditions do not match it).
+        batch: list[Any] = [*done_ids] if owner in done_ids else [*done_ids, owner]
+        if failure is not None:
+            batch = [[owner]]
+        mark = _marker(now, token, failure is None)
+        version = _nonce()
+        unchanged, values = lease.unchanged()
+        values.update(
+            {
+                ":me": owner,
+                ":now": now,
+                ":tok": token,
+                ":v": version,
+                ":empty": [],
+                ":done": [*batch, mark],
+            }
+        )
+        sets = [
+            "#p = :me",
+            "#pt = :tok",
+            "#v = :v",
+            "#d = list_append(if_not_exists(#d, :empty), :done)",
+        ]
+        removes = ["#k", "#kn", "#w"]
+        condition = f"{_LIVE_OWNER} AND #t = :tok AND {unchanged}"
+        if dead:
+            for _, ref, count in dead:
+                self._mark_dead(key, ref, failure.error if failure else "", count, now)
+            sets += [
+                "#x = list_append(if_not_exists(#x, :empty), :xid)",
+                "#xn = list_append(if_not_exists(#xn, :empty), :xref)",
+            ]
+            values[":xid"] = [sid for sid, _, _ in dead]
+            values[":xref"] = [ref for _, ref, _ in dead]
+        result: Signal | bool | None
+        if then.kind == "free":  # [L4] then [G7]: the queue stays, for the sweeper
+            sets += ["#gx = :zero", "#ttl = :ttl"]
+            removes += ["#o", "#c", "#f", "#fn"]
+            values.update({":zero": 0, ":ttl": self._ttl(now)})
+            result = True
+        elif then.kind == "to":  # [T1] the grant ([G3]) to to_owner, prev = owner
+            sets += ["#o = :to", "#e = :exp", "#t = :new", "#c = :true", "#ttl = :ttl"]
+            removes += ["#f", "#fn"]
+            values.update(
+                {
+                    ":to": then.to_owner,
+                    ":exp": now + then.ttl_ms,
+                    ":new": token + 1,
+                    ":true": True,
+                    ":ttl": self._ttl(now + then.ttl_ms),
+                }
+            )
+            result = True
+        else:
+            ids = [sid for sid, _ in back] + list(lease.queue)
+            refs = [ref for _, ref in back] + list(lease.queue_refs)
+            head_at, stored = self._first_payload(key, refs)
+            for sid in ids[: head_at if stored is not None else len(ids)]:
+                attempts.pop(sid, None)  # payload gone (TTL): dropped
+            if stored is None:
+                # [N1] nothing (with a payload) queued: released. Conditional on no append
+                # since the snapshot, whose signal would otherwise be dropped with the queue.
+                queue_same, queue_values = lease.queue_unchanged()
+                condition += f" AND {queue_same}"
+                values.update(queue_values)
+                sets.append("#ttl = :ttl")
+                removes += ["#o", "#c", "#f", "#fn", "#q", "#qn", "#gp", "#gx"]
+                values[":ttl"] = self._ttl(now)
+                result = None
+            else:
+                # [N2] / [N3] the head (a retried signal first) owns the key, claimed by the
+                # caller or left to a claim; [G3] nonce None, prev = owner, prev_token = token
+                head, new_token = ids[head_at], token + 1
+                if head_at < len(back):
+                    rest = back[head_at + 1 :]
+                    if rest:
+                        sets += [
+                            "#q = list_append(:rq, if_not_exists(#q, :empty))",
+                            "#qn = list_append(:rqn, if_not_exists(#qn, :empty))",
+                        ]
+                        values[":rq"] = [sid for sid, _ in rest]
+                        values[":rqn"] = [ref for _, ref in rest]
+                else:
+                    upto = head_at - len(back)
+                    removes += [f"#q[{i}], #qn[{i}]" for i in range(upto + 1)]
+                sets += [
+                    "#o = :next",
+                    "#e = :exp",
+                    "#t = :new",
+                    "#c = :claimed",
+                    "#f = :f",
+                    "#fn = :fn",
+                    "#gp = :shard",
+                    "#gx = :exp",
+                    "#ttl = :ttl",
+                ]
+                values.update(
+                    {
+                        ":next": head,
+                        ":exp": now + then.ttl_ms,
+                        ":new": new_token,
+                        ":claimed": then.claim,
+                        ":f": [head],
+                        ":fn": [refs[head_at]],
+                        ":shard": self._shard(key),
+                        ":ttl": self._ttl(now + then.ttl_ms),
+                    }
+                )
+                result = decode_signal(head, stored, new_token, attempts.get(head, 0))
+        if attempts:
+            sets.append("#a = :a")
+            values[":a"] = attempts
+        else:
+            removes.append("#a")
+        try:
+            self._update(
+                key, f"SET {', '.join(sets)} REMOVE {', '.join(removes)}", condition, values
             )
         except _ConditionFailed as failed:
-            old = failed.lease
-            applied = old.write_id == nonce or (
-                old.owner == head and old.previous == owner and old.token == token
+            if failed.lease.version != version:  # else: a resend of this write, applied
+                return _Retry(failed.lease)
+        if drop:
+            self._delete_signals(key, drop)
+        self._prune(key, [*lease.done, *(_av(e) for e in batch), {"N": str(mark)}], now)
+        return result
+
+    def _mark_dead(self, key: str, ref: str, error: str, attempts: int, now: int) -> None:
+        """[G6] A dead letter's error, attempts and time live on its payload item (written
+        before the lease item lists it, so a listed dead letter always has them); the item is
+        kept as long as the lease item."""
+        # A payload already gone (TTL) refuses: the dead letter is listed without it.
+        with contextlib.suppress(_ConditionFailed):
+            self._update(
+                key,
+                "SET #de = :err, #da = :att, #df = :at, #ttl = :ttl",
+                "attribute_exists(#r)",
+                {":err": error, ":att": attempts, ":at": now, ":ttl": self._ttl(now)},
+                sk=SIGNAL_SK_PREFIX + ref,
             )
-            if not applied:
-                return _RETRY
-        return decode_signal(head, stored, token)
 
     def _first_payload(self, key: str, refs: Sequence[str]) -> tuple[int, str | None]:
         """Index and record of the first ref whose payload item still exists (normally the
@@ -980,40 +1363,42 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
         ttl_ms: int,
         claim: bool,
         extra: tuple[str, str] | None,
+        nonce: str,
         now: int,
         cutoff: int,
-    ) -> Signal | _Retry | None:
-        """The owner died (or released) with work pending: put what it had in flight back at
-        the head, queue ``extra`` behind everything, and make the head the owner. One write,
-        conditional on the item being exactly as read and still free."""
+    ) -> tuple[str, Signal] | _Retry | None:
+        """[G5] the owner died (or released) with work pending: what it had in flight goes back
+        to the head, ``extra`` is queued behind everything ([Q6]), and [G4] the head owns the
+        key under grant nonce ``nonce`` ([Q6] / [D1]). One write, conditional on the snapshot
+        (version, queue length) and the key still being free. Returns (head, its signal), None
+        when no payload is left, or a retry."""
         ids = list(lease.in_flight + lease.queue)
         refs = list(lease.in_flight_refs + lease.queue_refs)
         if extra is not None and extra[0] not in ids:
             ids.append(extra[0])
             refs.append(extra[1])
         head_at, stored = self._first_payload(key, refs)
-        nonce = _nonce()
-        unchanged = "#w = :was" if lease.write_id is not None else "attribute_not_exists(#w)"
-        free = _TAKEOVER
-        values: dict[str, object] = {
-            ":was": lease.write_id or "",
-            ":cutoff": cutoff,
-            ":w": nonce,
-        }
+        version = _nonce()
+        unchanged, values = lease.unchanged()
+        queue_same, queue_values = lease.queue_unchanged()
+        values.update(queue_values)
+        values.update({":cutoff": cutoff, ":v": version, ":w": nonce})
+        condition = f"{unchanged} AND {queue_same} AND {_TAKEOVER}"
         if stored is None:
             try:
                 self._update(
                     key,
-                    "SET #w = :w REMOVE #q, #qn, #f, #fn, #gp, #gx",
-                    f"{unchanged} AND {free}",
+                    "SET #v = :v REMOVE #q, #qn, #f, #fn, #gp, #gx, #a",
+                    condition,
                     values,
                 )
             except _ConditionFailed as failed:
-                return None if failed.lease.write_id == nonce else _RETRY
+                return None if failed.lease.version == version else _Retry(failed.lease)
             return None
         head = ids[head_at]
         rest_ids, rest_refs = ids[head_at + 1 :], refs[head_at + 1 :]
         token = lease.token + 1 if lease.token is not None else now * 1000 + 1
+        attempts = {sid: n for sid, n in lease.attempts.items() if sid in ids[head_at:]}
         values.update(
             {
                 ":next": head,
@@ -1026,40 +1411,55 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                 ":qn": rest_refs,
                 ":shard": self._shard(key),
                 ":ttl": self._ttl(now + ttl_ms),
+                ":a": attempts,
             }
         )
         queue = ", #q = :q, #qn = :qn" if rest_ids else ""
         drop = "" if rest_ids else ", #q, #qn"
+        keep_attempts = ", #a = :a" if attempts else ""
+        drop_attempts = "" if attempts else ", #a"
+        signal = decode_signal(head, stored, token, attempts.get(head, 0))
         try:
             self._update(
                 key,
-                "SET #o = :next, #e = :exp, #t = :new, #c = :claimed, #w = :w, #f = :f,"
-                f" #fn = :fn, #gp = :shard, #gx = :exp, #ttl = :ttl{queue}"
-                f" REMOVE #p, #k, #kn{drop}",
-                f"{unchanged} AND {free}",
+                "SET #o = :next, #e = :exp, #t = :new, #c = :claimed, #w = :w, #v = :v,"
+                f" #f = :f, #fn = :fn, #gp = :shard, #gx = :exp, #ttl = :ttl{queue}"
+                f"{keep_attempts} REMOVE #p, #pt, #k, #kn{drop}{drop_attempts}",
+                condition,
                 values,
             )
         except _ConditionFailed as failed:
-            if failed.lease.write_id != nonce:
-                return _RETRY
-        return decode_signal(head, stored, token)
+            old = failed.lease
+            if old.version == version:
+                return head, signal  # a botocore resend of this write, applied earlier
+            if old.grant_nonce == nonce and old.holder(cutoff) is not None and old.owner:
+                # [Q7] / [D3] applied earlier, then another writer (an append) changed the
+                # item: the grant is still ours
+                again = self._stored_signal(key, old, old.owner, old.token)
+                if again is not None:
+                    return old.owner, again
+            return _Retry(old)
+        return head, signal
 
     def _claim(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:
         now, _ = self._times()
         lease = self._read(key)
-        if not lease.live_owner(owner, now) or lease.token != token or lease.claimed:
-            return None
-        if owner not in lease.in_flight:
-            return None
-        ref = lease.in_flight_refs[lease.in_flight.index(owner)]
+        if not lease.live_owner(owner, now) or lease.token != token:
+            return None  # [C3] stale, forged, or the grant moved on
+        ref = lease.ref_of(owner)
+        if ref is None:
+            return None  # [C3] not a stored signal's grant
+        if lease.claimed:
+            return None  # [C2] claimed before (this call has not written yet)
         stored = self._payloads(key, [ref]).get(ref)
         if stored is None:
             return None
         nonce = _nonce()
         try:
+            # [C1] claimed once, under this call's grant nonce; the deadline is refreshed
             self._update(
                 key,
-                "SET #c = :true, #e = :exp, #ttl = :ttl, #k = :k, #w = :k",
+                "SET #c = :true, #e = :exp, #ttl = :ttl, #w = :w, #v = :v",
                 f"{_LIVE_OWNER} AND #t = :tok AND #c = :false",
                 {
                     ":me": owner,
@@ -1069,13 +1469,14 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                     ":false": False,
                     ":exp": now + ttl_ms,
                     ":ttl": self._ttl(now + ttl_ms),
-                    ":k": nonce,
+                    ":w": nonce,
+                    ":v": _nonce(),
                 },
             )
         except _ConditionFailed as failed:
-            if failed.lease.take_nonce != nonce:
-                return None  # claimed before (a duplicate delivery), or the lease moved
-        return decode_signal(owner, stored, token)
+            if failed.lease.grant_nonce != nonce:
+                return None  # [C2] claimed before (a duplicate delivery), or [C3] it moved
+        return decode_signal(owner, stored, token, lease.attempts.get(owner, 0))
 
     def _pending(self, key: str) -> int:
         return len(self._read(key).queue)
@@ -1114,14 +1515,20 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
             params["ExclusiveStartKey"] = start
 
     def _adopt_key(self, key: str, ttl_ms: int, claim: bool) -> Signal | None:
+        nonce = _nonce()  # this adoption's grant nonce: [D3] recognises it when resent
+        lease: _Lease | None = None
         for _ in range(_OPTIMISTIC_ATTEMPTS):
             now, cutoff = self._times()
-            lease = self._read(key)
+            if lease is None:
+                lease = self._read(key)
             if not lease.exists or not lease.indexed:
                 return None
-            if lease.holder(cutoff) is not None:
+            holder = lease.holder(cutoff)
+            if holder is not None:
+                if lease.grant_nonce == nonce:  # [D3] a resend of this adoption
+                    return self._stored_signal(key, lease, holder, lease.token)
                 if lease.index_at is None or lease.index_at < cutoff:
-                    # The owner renewed since it was indexed: move its entry to its deadline.
+                    # [D2] The owner renewed since it was indexed: move its entry to its deadline.
                     try:
                         self._update(
                             key,
@@ -1130,29 +1537,53 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                             {":cutoff": cutoff},
                         )
                     except _ConditionFailed:
+                        lease = None
                         continue
-                return None
-            result = self._grant_orphan(key, lease, ttl_ms, claim, None, now, cutoff)
+                return None  # [D2] the owner is alive
+            # [D1] the head of the dead owner's work owns the key
+            result = self._grant_orphan(key, lease, ttl_ms, claim, None, nonce, now, cutoff)
             if not isinstance(result, _Retry):
-                return result
+                return result[1] if result is not None else None
+            lease = result.lease
         raise LeaseBackendError(f"adopting {key!r} did not settle")
 
     def _inspect(self, key: str) -> KeyState:
         now, cutoff = self._times()
         lease = self._read(key)
-        payloads = self._payloads(key, lease.queue_refs)
+        items = self._payload_items(
+            key, list(lease.queue_refs + lease.dead_refs), ("de", "da", "df")
+        )
         holder = lease.holder(cutoff)
+        dead: list[DeadLetter] = []
+        for signal_id, ref in zip(lease.dead, lease.dead_refs, strict=False):
+            item = items.get(ref)
+            if item is None:
+                continue
+            signal = decode_signal(signal_id, str(item["r"]["S"]))
+            dead.append(
+                DeadLetter(
+                    id=signal_id,
+                    payload=signal.payload,
+                    attempts=_n(item, "da") or 0,
+                    error=_s(item, "de") or "",
+                    enqueued_at_ms=signal.enqueued_at_ms,
+                    failed_at_ms=_n(item, "df") or 0,
+                )
+            )
         return KeyState(
             key=key,
             owner=holder,
             token=lease.token if holder is not None else None,
             remaining_ms=max(lease.expiry - now, 0) if holder is not None else None,
             queued=tuple(
-                decode_signal(signal_id, payloads[ref])
+                decode_signal(
+                    signal_id, str(items[ref]["r"]["S"]), None, lease.attempts.get(signal_id, 0)
+                )
                 for signal_id, ref in zip(lease.queue, lease.queue_refs, strict=True)
-                if ref in payloads
+                if ref in items
             ),
             in_flight=lease.in_flight,
+            dead_letters=tuple(dead),
         )
 
 

@@ -235,7 +235,9 @@ end
 -- it) gets one more attempt and goes back to the head of the queue in in-flight order, or to
 -- the dead letters at max_attempts. The owner's own id is remembered either way (ok = no
 -- failure): a resend of its step is recognised by it after a newcomer overwrote p/pt [N4].
-local function complete(owner, token, failure)
+-- `mark_owner`: transfer_to_next remembers its owner's id with the token (row N4 needs it to
+-- recognise a resend); the contract's release and transfer do not (a plain owner is no signal).
+local function complete(owner, token, failure, mark_owner)
   local ids = redis.call('LRANGE', inflight, 0, -1)
   if not failure then
     if #ids > 0 then
@@ -245,8 +247,12 @@ local function complete(owner, token, failure)
       end
       redis.call('DEL', inflight)
     end
-    ids[#ids + 1] = owner
-    remember_done(ids, token, true)
+    if mark_owner then
+      ids[#ids + 1] = owner
+    end
+    if #ids > 0 then
+      remember_done(ids, token, true)
+    end
     return
   end
   local back = {}

@@ -5,9 +5,9 @@ local cur = redis.call('HMGET', lease, 'o', 't')
 if cur[1] ~= owner then
   return 0 -- [L5] not the owner (or a resend of an applied release)
 end
--- [L4] complete (the in-flight signals and the owner are remembered as done) and free
+-- [L4] complete (the in-flight signals are remembered as done) and free
 local work = has_work()
-complete(owner, cur[2], nil)
+complete(owner, cur[2], nil, false)
 free(owner, cur[2])
 if work then
   sync_index()

@@ -10,7 +10,7 @@ if cur[1] ~= from then
 end
 -- [T1] the old owner's work is complete; the new owner gets a new token, no gap between
 local work = has_work()
-complete(from, cur[3], nil)
+complete(from, cur[3], nil, false)
 local token = grant(to, ttl, '1', from, cur[3], cur[3], nil)
 if work then
   sync_index()

@@ -18,11 +18,11 @@ if cur[1] ~= owner or (token ~= '' and cur[2] ~= token) then
   if p == owner and (token == '' or pt == token) then
     if not cur[1] then
       return {2}
-    elseif redis.call('HEXISTS', sigs, cur[1]) == 1 then
-      return signal_reply({1}, cur[1], cur[2])
+    elseif redis.call('LPOS', inflight, cur[1]) then
+      return signal_reply({1}, cur[1], cur[2]) -- the head our hand-off granted (in flight)
     end
-    -- (p/pt name us but the owner has no stored signal: transfer_lease moved the key to a
-    -- plain owner. The model has no reply for this; the done memory below decides.)
+    -- (p/pt name us but the owner is not a signal we handed to: transfer_lease moved the
+    -- key. The done memory below decides.)
   end
   if token ~= '' and done_entry(owner) == token then
     return {2}
@@ -30,7 +30,7 @@ if cur[1] ~= owner or (token ~= '' and cur[2] ~= token) then
   return {0, cur[1] or ''} -- [N5]
 end
 local grant_token = cur[2]
-complete(owner, grant_token, failure)
+complete(owner, grant_token, failure, true)
 if redis.call('LLEN', queue) == 0 then
   free(owner, grant_token) -- [N1] nothing queued: released
   sync_index()
