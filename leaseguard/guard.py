@@ -59,7 +59,12 @@ DEFAULT_HANDOFF_MARGIN_MS = 3_000
 
 
 class QueueProvider(LeaseProvider, SignalQueue, Protocol):
-    """A lease provider that also implements the signal queue (every built-in one does)."""
+    """A lease provider that also implements the signal queue (every built-in one does). Its
+    owner-side calls take the grant's fencing token, renewals too."""
+
+    def renew_lease(
+        self, key: str, owner: str, ttl_ms: int, *, token: int | None = None
+    ) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -361,7 +366,7 @@ class _Invocation:
             sent_at = time.monotonic()
             try:
                 nxt = provider.transfer_to_next(
-                    key, current.id, guard.ttl_ms, claim=not remote, **handle.grant, **report
+                    key, current.id, guard.ttl_ms, claim=not remote, token=handle.token, **report
                 )
             except LeaseLostError as lost:
                 # No holder at all: the lease expired, or the backend lost it (a Redis restart

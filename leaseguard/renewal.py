@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from leaseguard.errors import LeaseguardError, LeaseLostError
-from leaseguard.providers.base import BaseLeaseProvider
 
 if TYPE_CHECKING:
     from leaseguard.guard import QueueProvider
@@ -46,6 +45,10 @@ class LeaseHandle:
     ``lost`` turns true when a renewal fails or is refused; from then on the handler must not
     assume it is the only one working on the key (check ``token`` in downstream writes, or call
     :meth:`check` before side effects).
+
+    Owner-side calls name the grant by ``token``, not only by the owner id: after a takeover
+    the same id can own the key again (its signal was delivered again), and this handle must
+    then be refused.
     """
 
     def __init__(
@@ -76,14 +79,6 @@ class LeaseHandle:
         # A take_signals call that failed may have moved signals in flight that the handler
         # never saw: the run then ends as failed, which retries them instead of completing.
         self.take_failed = False
-        # Owner-side calls name this grant by its token, not only by the owner id: after a
-        # takeover the same id can own the key again (its signal was delivered again), and this
-        # handle must then be refused. Built-in providers take the token; others get the id.
-        self.grant: dict[str, int] = (
-            {"token": token}
-            if token is not None and isinstance(provider, BaseLeaseProvider)
-            else {}
-        )
 
     @property
     def lost(self) -> bool:
@@ -108,7 +103,7 @@ class LeaseHandle:
         """Drain up to ``limit`` follow-up signals queued for this key, oldest first. They are
         this owner's to handle: if it dies before finishing, they are delivered again."""
         try:
-            taken = self.provider.take_signals(self.key, self.owner, limit, **self.grant)
+            taken = self.provider.take_signals(self.key, self.owner, limit, token=self.token)
         except LeaseLostError:
             self.mark_lost("take_signals found the lease owned by someone else")
             raise
@@ -159,7 +154,7 @@ class LeaseRenewer:
             sent_at = time.monotonic()
             try:
                 still_owner = handle.provider.renew_lease(
-                    handle.key, handle.owner, handle.ttl_ms, **handle.grant
+                    handle.key, handle.owner, handle.ttl_ms, token=handle.token
                 )
             except Exception as exc:
                 handle.mark_lost(f"renewal failed: {type(exc).__name__}: {exc}")

@@ -119,15 +119,26 @@ class SignalQueue(Protocol):
         ``adopted`` (the caller runs it first, keeping FIFO order)."""
         ...
 
-    def take_signals(self, key: str, owner: str, limit: int) -> list[Signal]:
+    def take_signals(
+        self, key: str, owner: str, limit: int, *, token: int | None = None
+    ) -> list[Signal]:
         """Pop up to ``limit`` queued signals, oldest first, for the owner to handle inline.
-        A non-owner gets :class:`~leaseguard.errors.LeaseLostError`. Built-in providers also
-        take ``token=``: then only the grant with that fencing token counts as the owner (an
-        owner id can own a key again after its signal was re-delivered)."""
+        A non-owner gets :class:`~leaseguard.errors.LeaseLostError`. With ``token``, only the
+        grant with that fencing token counts as the owner (an owner id can own a key again
+        after its signal was re-delivered)."""
         ...
 
     def transfer_to_next(
-        self, key: str, owner: str, ttl_ms: int, *, claim: bool = True
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        claim: bool = True,
+        token: int | None = None,
+        error: str | None = None,
+        requeue_owner: bool = True,
+        max_attempts: int = 3,
     ) -> Signal | None:
         """Complete the owner's work and hand the lease to the head of the queue (its ``id``
         becomes owner with a new token, returned as ``signal.token``), or release the key when
@@ -135,7 +146,10 @@ class SignalQueue(Protocol):
 
         ``claim=True`` means the caller runs the returned signal itself; ``claim=False`` leaves
         the grant to be claimed once by :meth:`claim_signal` in the invocation it is sent to.
-        Built-in providers also take ``token=``, as :meth:`take_signals` does."""
+        ``token`` as in :meth:`take_signals`. ``error`` reports a failed run: every signal the
+        owner holds goes back to the head of the queue with one more attempt, or to the key's
+        dead letters at ``max_attempts``; ``requeue_owner=False`` leaves the owner's own signal
+        to the platform's retry (docs/protocol.md, row G6)."""
         ...
 
     def claim_signal(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:

@@ -19,6 +19,7 @@ from botocore.stub import ANY, Stubber
 from leaseguard import (
     ConfigurationError,
     HandlerKeyError,
+    LeaseBackendError,
     LeaseLostError,
     NoActiveLease,
     Signal,
@@ -690,3 +691,58 @@ def test_a_payload_with_a_lone_surrogate_round_trips(provider: BaseLeaseProvider
     provider.acquire_or_enqueue("sur", Signal("s1", payload), TTL)
     assert [s.payload for s in provider.inspect_key("sur").queued] == [payload]
     assert [s.payload for s in provider.take_signals("sur", "owner", 10)] == [payload]
+
+
+class _TakeGivesUp(_SlowReplies):
+    """``take_signals`` applies on the backend, then the client gives up (its retries timed
+    out): the batch is in flight, and the handler only sees an exception."""
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._provider, name)
+        if name != "take_signals":
+            return method
+
+        def gives_up(*args: Any, **kwargs: Any) -> Any:
+            method(*args, **kwargs)
+            raise LeaseBackendError("take_signals: read timed out (it was applied)")
+
+        return gives_up
+
+
+def test_a_take_that_applied_but_failed_does_not_complete_what_it_took(
+    provider: BaseLeaseProvider,
+) -> None:
+    """Found by the model checker (mutant failed-take-completes): the handler swallows the
+    error and succeeds, but the backend moved the batch into flight; completing the run as a
+    success would mark signals done that no handler saw. The run ends as failed instead."""
+    handled: list[int] = []
+    started, release = threading.Event(), threading.Event()
+
+    @lease_owned(lambda e: e["k"], provider=_TakeGivesUp(provider, 0), ttl_ms=TTL)
+    def handler(event: dict[str, Any], context: Any) -> None:
+        if event["n"] == 0:
+            started.set()
+            release.wait(10)
+            with pytest.raises(LeaseBackendError):
+                current_lease().take_signals(10)
+            return  # swallowed: the user's handler "succeeds"
+        handled.append(event["n"])
+
+    failures: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            handler({"k": "g", "n": 0}, LambdaContext())
+        except LeaseBackendError as exc:  # the run ended failed: the platform retries it
+            failures.append(exc)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert started.wait(10)
+    handler({"k": "g", "n": 1}, LambdaContext())
+    release.set()
+    thread.join()
+    assert handled == [1]  # back at the head with one attempt, run inline: not lost
+    assert len(failures) == 1
+    state = provider.inspect_key("g")
+    assert state.owner is None and not state.queued and not state.dead_letters
