@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 DEV_STAMP := $(VENV)/.installed-dev
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: test demo lint typecheck pytest model-check model-check-small bench clean
+.PHONY: test demo lint typecheck pytest model-check model-check-small soak bench clean
 
 test: $(DEV_STAMP) lint typecheck model-check-small pytest sam-validate sam-build
 
@@ -29,6 +29,13 @@ model-check: $(DEV_STAMP)
 
 model-check-small: $(DEV_STAMP)
 	$(BIN)/python -m leaseguard.protocol.explore --bound small
+
+# Soak-scale runs of what make test samples: the model at its default bound, the differential
+# suite at 2,000 sequences (50,000 operations) per backend with no time budget (DynamoDB on moto
+# takes most of an hour), and the full 10,000 lost-wakeup rounds on DynamoDB.
+soak: model-check
+	LEASEGUARD_DIFF_SEQUENCES=2000 LEASEGUARD_DYNAMODB_ROUNDS=10000 $(BIN)/pytest \
+		--timeout 7200 tests/test_differential.py tests/test_guard_processes.py
 
 bench: $(DEV_STAMP)
 	$(BIN)/pip install -q -e '.[bench]'

@@ -21,9 +21,19 @@ import contextlib
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from leaseguard.providers import redis as lg_redis
+from leaseguard.providers.redis import RedisLeaseProvider
+from leaseguard.testing import RedisClusterServers
 
 # -- RESP ---------------------------------------------------------------------------------------
 
@@ -237,6 +247,61 @@ return 1
 
 
 @dataclass(frozen=True)
+@dataclass
+class Rig:
+    """``provider`` talks through reply-dropping proxies; ``direct`` to the servers."""
+
+    provider: RedisLeaseProvider
+    direct: RedisLeaseProvider
+    plan: FaultPlan
+
+    def lose_reply(
+        self, script: lg_redis.LuaScript, before_retry: Callable[[], None] | None = None
+    ) -> Drop:
+        return self.plan.arm(Drop(evalsha_of(script.sha), before_retry=before_retry))
+
+    def replies(self, script: lg_redis.LuaScript) -> list[Any]:
+        """What Redis answered to every run of ``script`` through the proxy, in order."""
+        return self.plan.replies_to(evalsha_of(script.sha))
+
+
+@contextmanager
+def proxied_rig(request: pytest.FixtureRequest, backend: str, prefix: str) -> Iterator[Rig]:
+    """A :class:`Rig` on the session's standalone server (``backend="redis"``) or on every
+    node of its Cluster (``"redis-cluster"``), keys under ``prefix``."""
+    plan = FaultPlan()
+    if backend == "redis":
+        url = urlparse(request.getfixturevalue("redis_url"))
+        assert url.hostname in ("127.0.0.1", "localhost") and url.port is not None
+        proxies = [ReplyDroppingProxy(url.port, plan)]
+        through = RedisLeaseProvider.from_url(
+            f"redis://127.0.0.1:{proxies[0].port}/0", prefix=prefix
+        )
+        direct = RedisLeaseProvider(redis.Redis(port=url.port), prefix=prefix)
+    else:
+        cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
+        proxies = [ReplyDroppingProxy(node.port, plan) for node in cluster.nodes]
+        ports = {node.port: proxy.port for node, proxy in zip(cluster.nodes, proxies, strict=True)}
+
+        def remap(address: tuple[str, int]) -> tuple[str, int]:
+            return ("127.0.0.1", ports.get(address[1], address[1]))
+
+        through = RedisLeaseProvider.from_url(
+            f"redis://127.0.0.1:{proxies[0].port}/0",
+            cluster=True,
+            prefix=prefix,
+            address_remap=remap,
+        )
+        direct = RedisLeaseProvider(RedisCluster.from_url(cluster.url), prefix=prefix)
+    try:
+        yield Rig(through, direct, plan)
+    finally:
+        through.client.close()
+        direct.client.close()
+        for proxy in proxies:
+            proxy.close()
+
+
 class Fence:
     """Where a guarded handler writes its result, conditional on its fencing token: a write
     with a token lower than one already written is refused. Picklable, so a worker process

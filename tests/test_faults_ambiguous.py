@@ -17,75 +17,24 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlparse
 
 import pytest
-import redis
-from redis.cluster import RedisCluster
 
 from leaseguard import Signal, current_lease, lease_owned
 from leaseguard.providers import redis as lg_redis
-from leaseguard.providers.redis import RedisLeaseProvider
-from leaseguard.testing import LambdaContext, RedisClusterServers
+from leaseguard.testing import LambdaContext
 
-from .faults import Drop, FaultPlan, ReplyDroppingProxy, evalsha_of
+from .faults import Rig, proxied_rig
 
 TTL = 10_000
 
 
-@dataclass
-class Rig:
-    """``provider`` talks through the proxies; ``direct`` to the servers themselves."""
-
-    provider: RedisLeaseProvider
-    direct: RedisLeaseProvider
-    plan: FaultPlan
-
-    def lose_reply(
-        self, script: lg_redis.LuaScript, before_retry: Callable[[], None] | None = None
-    ) -> Drop:
-        return self.plan.arm(Drop(evalsha_of(script.sha), before_retry=before_retry))
-
-    def replies(self, script: lg_redis.LuaScript) -> list[Any]:
-        """What Redis answered to every run of ``script`` through the proxy, in order."""
-        return self.plan.replies_to(evalsha_of(script.sha))
-
-
 @pytest.fixture(params=["redis", "redis-cluster"])
 def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
-    prefix = f"amb{uuid.uuid4().hex[:8]}:"
-    plan = FaultPlan()
-    if request.param == "redis":
-        url = urlparse(request.getfixturevalue("redis_url"))
-        assert url.hostname in ("127.0.0.1", "localhost") and url.port is not None
-        proxies = [ReplyDroppingProxy(url.port, plan)]
-        through = RedisLeaseProvider.from_url(
-            f"redis://127.0.0.1:{proxies[0].port}/0", prefix=prefix
-        )
-        direct = RedisLeaseProvider(redis.Redis(port=url.port), prefix=prefix)
-    else:
-        cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
-        proxies = [ReplyDroppingProxy(node.port, plan) for node in cluster.nodes]
-        ports = {node.port: proxy.port for node, proxy in zip(cluster.nodes, proxies, strict=True)}
-
-        def remap(address: tuple[str, int]) -> tuple[str, int]:
-            return ("127.0.0.1", ports.get(address[1], address[1]))
-
-        through = RedisLeaseProvider.from_url(
-            f"redis://127.0.0.1:{proxies[0].port}/0",
-            cluster=True,
-            prefix=prefix,
-            address_remap=remap,
-        )
-        direct = RedisLeaseProvider(RedisCluster.from_url(cluster.url), prefix=prefix)
-    yield Rig(through, direct, plan)
-    through.client.close()
-    direct.client.close()
-    for proxy in proxies:
-        proxy.close()
+    with proxied_rig(request, request.param, f"amb{uuid.uuid4().hex[:8]}:") as made:
+        yield made
 
 
 def key() -> str:

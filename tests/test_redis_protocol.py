@@ -15,14 +15,11 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
-from urllib.parse import urlparse
 
 import pytest
-import redis
-from redis.cluster import RedisCluster
 
 from leaseguard import LeaseLostError, Signal
 from leaseguard.contract import LeaseResult
@@ -32,10 +29,9 @@ from leaseguard.providers.base import BaseLeaseProvider
 from leaseguard.providers.memory import InMemoryLeaseProvider
 from leaseguard.providers.redis import RedisLeaseProvider
 from leaseguard.signals import DeadLetter, KeyState
-from leaseguard.testing import RedisClusterServers
 
 from .conftest import ProviderFactory
-from .faults import Drop, FaultPlan, ReplyDroppingProxy, evalsha_of
+from .faults import Rig, proxied_rig
 
 TTL = 30_000
 
@@ -63,55 +59,10 @@ def provider(make_provider: ProviderFactory, backend: str) -> RedisLeaseProvider
 # -- lost replies -----------------------------------------------------------------------------
 
 
-@dataclass
-class Rig:
-    """``provider`` talks through reply-dropping proxies; ``direct`` to the servers."""
-
-    provider: RedisLeaseProvider
-    direct: RedisLeaseProvider
-    plan: FaultPlan
-
-    def lose_reply(
-        self, script: lg_redis.LuaScript, before_retry: Callable[[], None] | None = None
-    ) -> Drop:
-        return self.plan.arm(Drop(evalsha_of(script.sha), before_retry=before_retry))
-
-    def replies(self, script: lg_redis.LuaScript) -> list[Any]:
-        return self.plan.replies_to(evalsha_of(script.sha))
-
-
 @pytest.fixture
 def rig(request: pytest.FixtureRequest, backend: str) -> Iterator[Rig]:
-    prefix = f"proto{uuid.uuid4().hex[:8]}:"
-    plan = FaultPlan()
-    if backend == "redis":
-        url = urlparse(request.getfixturevalue("redis_url"))
-        assert url.hostname in ("127.0.0.1", "localhost") and url.port is not None
-        proxies = [ReplyDroppingProxy(url.port, plan)]
-        through = RedisLeaseProvider.from_url(
-            f"redis://127.0.0.1:{proxies[0].port}/0", prefix=prefix
-        )
-        direct = RedisLeaseProvider(redis.Redis(port=url.port), prefix=prefix)
-    else:
-        cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
-        proxies = [ReplyDroppingProxy(node.port, plan) for node in cluster.nodes]
-        ports = {node.port: proxy.port for node, proxy in zip(cluster.nodes, proxies, strict=True)}
-
-        def remap(address: tuple[str, int]) -> tuple[str, int]:
-            return ("127.0.0.1", ports.get(address[1], address[1]))
-
-        through = RedisLeaseProvider.from_url(
-            f"redis://127.0.0.1:{proxies[0].port}/0",
-            cluster=True,
-            prefix=prefix,
-            address_remap=remap,
-        )
-        direct = RedisLeaseProvider(RedisCluster.from_url(cluster.url), prefix=prefix)
-    yield Rig(through, direct, plan)
-    through.client.close()
-    direct.client.close()
-    for proxy in proxies:
-        proxy.close()
+    with proxied_rig(request, backend, f"proto{uuid.uuid4().hex[:8]}:") as made:
+        yield made
 
 
 def test_a_lost_forward_resent_after_it_ran_is_a_duplicate(rig: Rig) -> None:

@@ -1,0 +1,44 @@
+"""The model checker's own contract: it explores, it reports, and it is not vacuous.
+
+``make model-check`` (and its small bound in ``make test``) is the real run; these tests pin
+what it prints and that a broken model fails it with a readable shortest trace.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from leaseguard.protocol.explore import Bounds, Explorer, check_model, main
+from leaseguard.protocol.mutants import MUTANTS, HandoffKeepsToken, ReadThenEnqueue
+
+TINY = Bounds(events=2, faults=0, expiries=1, renews=0)
+
+
+def test_the_correct_model_has_no_violation_at_a_tiny_bound() -> None:
+    result = check_model(TINY)
+    assert result.violations == 0 and result.states > 1_000 and result.transitions > result.states
+
+
+def test_a_broken_model_fails_with_its_shortest_trace() -> None:
+    result = Explorer(TINY, HandoffKeepsToken()).run()
+    assert result.violations == 1
+    assert result.message is not None and result.message.startswith("(b)")
+    # breadth-first: two arrivals, a grant, a hand-off; nothing longer
+    assert len(result.trace) == 4
+    assert result.trace[0].startswith("event e1 arrives")
+
+
+def test_the_cli_prints_the_counts_and_fails_below_the_required_states(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--bound", "small", "--faults", "0", "--no-mutants", "--min-states", "10000000"]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "model-check: explored " in out and " 0 violations" in out
+    assert "fewer than the required 10000000 states" in out
+
+
+def test_there_are_at_least_five_mutants_and_they_have_distinct_names() -> None:
+    assert len(MUTANTS) >= 5
+    assert len({m.name for m in MUTANTS}) == len(MUTANTS)
+    assert any(m.model_class is ReadThenEnqueue for m in MUTANTS)
