@@ -246,7 +246,6 @@ return 1
 """
 
 
-@dataclass(frozen=True)
 @dataclass
 class Rig:
     """``provider`` talks through reply-dropping proxies; ``direct`` to the servers."""
@@ -302,6 +301,7 @@ def proxied_rig(request: pytest.FixtureRequest, backend: str, prefix: str) -> It
             proxy.close()
 
 
+@dataclass(frozen=True)
 class Fence:
     """Where a guarded handler writes its result, conditional on its fencing token: a write
     with a token lower than one already written is refused. Picklable, so a worker process

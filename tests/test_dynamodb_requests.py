@@ -121,8 +121,10 @@ def test_documented_costs_of_the_other_steps(make: Callable[..., Counted]) -> No
     assert dup == ["PutItem", "UpdateItem"]
     # A failure report reads the item first (no blind fast path), then one conditional write
     # completes, retries the owner at the head and hands the key to it.
-    p.provider.acquire_or_enqueue("f", Signal("s5", {"n": 5}), TTL)
-    failed = p.requests(lambda q: q.transfer_to_next("f", "s5", TTL, error="boom"))
+    held = p.provider.acquire_or_enqueue("f", Signal("s5", {"n": 5}), TTL)
+    failed = p.requests(
+        lambda q: q.transfer_to_next("f", "s5", TTL, token=held.token, error="boom")
+    )
     assert failed == ["GetItem", "BatchGetItem", "UpdateItem"]
 
 
