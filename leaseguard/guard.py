@@ -342,7 +342,7 @@ class _Invocation:
             if error is not None:
                 owned = [] if platform_retries else [current]
                 for signal in owned + handle.taken:
-                    self._signal_failed(key, signal, error)
+                    self._signal_failed(key, signal, error, reported=not handle.lost)
                 if platform_retries and outcome.error is None:
                     primary_outcome = _Outcome(error=error)
             if handle.lost:
@@ -441,13 +441,22 @@ class _Invocation:
             return
         self.telemetry.count("HandoffDispatched")
 
-    def _signal_failed(self, key: str, signal: Signal, error: BaseException) -> None:
-        dead = signal.attempts + 1 >= self.guard.max_attempts
+    def _signal_failed(
+        self, key: str, signal: Signal, error: BaseException, *, reported: bool
+    ) -> None:
+        """``reported``: the failure goes to the backend with the hand-off (not when the lease
+        was lost first: then the signal is simply delivered again after the lease expires)."""
+        dead = reported and signal.attempts + 1 >= self.guard.max_attempts
         self.telemetry.count("SignalDeadLettered" if dead else "SignalFailed")
+        if not reported:
+            outcome = "the lease was lost: it is delivered again once the lease expires"
+        elif dead:
+            outcome = "dead-lettered"
+        else:
+            outcome = "it goes back to the head of the queue"
         self.telemetry.log(
             logging.ERROR,
-            "handler failed on a forwarded signal; "
-            + ("dead-lettered" if dead else "it goes back to the head of the queue"),
+            f"handler failed on a forwarded signal; {outcome}",
             lease_key=key,
             signal_id=signal.id,
             attempts=signal.attempts + 1,

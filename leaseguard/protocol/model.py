@@ -295,9 +295,11 @@ class ProtocolModel:
 
     def granted(self, rec: KeyRecord, sid: str) -> LeaseResult:
         """The reply of a grant that is the current lease (first run or recognised resend)."""
-        assert rec.owner is not None
-        adopted = None if rec.owner == sid else self.signal(rec, rec.owner, rec.token)
-        return LeaseResult(True, rec.owner, rec.token, adopted=adopted)
+        owner = rec.owner
+        if owner is None:  # every caller grants first; a free key here is a bug in the model
+            raise RuntimeError("granted() called on a free key")
+        adopted = None if owner == sid else self.signal(rec, owner, rec.token)
+        return LeaseResult(True, owner, rec.token, adopted=adopted)
 
     # -- the lease contract (rows L*) -----------------------------------------------------------
 
