@@ -5,9 +5,22 @@ BIN := $(VENV)/bin
 DEV_STAMP := $(VENV)/.installed-dev
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: test demo lint typecheck pytest model-check model-check-small soak bench clean
+.PHONY: test test-parts demo lint typecheck pytest model-check model-check-small soak bench clean
 
-test: $(DEV_STAMP) lint typecheck model-check-small pytest sam-validate sam-build
+# make test runs its parts at once (a make -j of its own; each part's output is printed whole
+# when it ends, and make test fails if any part does): ruff, mypy, the model check at its small
+# bound, pytest on PYTEST_WORKERS processes (pytest-xdist; each worker starts its own servers)
+# and the SAM checks. On 2 cores the parts overlap pytest's waits on servers and subprocesses.
+TEST_JOBS ?= 8
+PYTEST_WORKERS ?= 2
+
+test:
+	@$(MAKE) --no-print-directory -k -j$(TEST_JOBS) --output-sync=target test-parts
+
+test-parts: lint typecheck model-check-small pytest sam-validate sam-build
+
+# sam build runs pip on this checkout (as pip install -e does for .venv): not both at once.
+sam-build: | $(DEV_STAMP)
 
 demo: $(DEMO_STAMP)
 	$(BIN)/leaseguard simulate --plot demo.png
@@ -19,23 +32,32 @@ lint: $(DEV_STAMP)
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy --strict leaseguard
 
+# worksteal: the few long multi-process tests end up spread over the workers.
 pytest: $(DEV_STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist worksteal
 
 # The protocol model, explored exhaustively under faults, with every seeded mutant caught
 # (docs/protocol.md). make test runs the small bound; `--bound deep` is for a long afternoon.
+# Two families of bounds: the core (faults, expiry, renewals over two events) and the queue
+# (a bounded queue, a halting poison signal and a redrive over three events).
 model-check: $(DEV_STAMP)
 	$(BIN)/python -m leaseguard.protocol.explore --bound default --min-states 100000
+	$(BIN)/python -m leaseguard.protocol.explore --bound queue-retries --min-states 100000
 
 model-check-small: $(DEV_STAMP)
 	$(BIN)/python -m leaseguard.protocol.explore --bound small
+	$(BIN)/python -m leaseguard.protocol.explore --bound queue
 
 # Soak-scale runs of what make test samples: the model at its default bound, the differential
 # suite at 2,000 sequences (50,000 operations) per backend with no time budget (DynamoDB on moto
-# takes most of an hour), and the full 10,000 lost-wakeup rounds on DynamoDB.
+# takes most of an hour; make test: 400 sequences on Redis, 200 on Cluster, 24 on DynamoDB), the
+# full 10,000 lost-wakeup rounds on DynamoDB (make test: 200), 1,000 token grants on DynamoDB
+# (make test: 250) and the DynamoDB races at full size (make test: 40% of the cycles).
 soak: model-check
-	LEASEGUARD_DIFF_SEQUENCES=2000 LEASEGUARD_DYNAMODB_ROUNDS=10000 $(BIN)/pytest \
-		--timeout 7200 tests/test_differential.py tests/test_guard_processes.py
+	LEASEGUARD_DIFF_SEQUENCES=2000 LEASEGUARD_DYNAMODB_ROUNDS=10000 LEASEGUARD_DYNAMODB_GRANTS=1000 \
+		LEASEGUARD_SOAK=1 $(BIN)/pytest --timeout 7200 tests/test_differential.py \
+		tests/test_guard_processes.py tests/test_dynamodb_races.py \
+		"tests/test_contract.py::test_tokens_strictly_increase_over_1000_grants"
 
 bench: $(DEV_STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
@@ -83,6 +105,7 @@ sam-validate: $(SAM_STAMP) $(DEV_STAMP)
 	$(SAM_ENV) $(SAM) validate --lint --region us-east-1
 	$(SAM_ENV) $(SAM) validate --config-env translate --region us-east-1
 	$(BIN)/cfn-lint template.yaml
+	$(BIN)/cfn-lint --include-checks I -- template.yaml
 
 # Builds .aws-sam/build, then imports each built function with Python 3.12 and the built layer.
 # pip builds the leaseguard wheel in ./build: removed first, so no stale module is packaged.

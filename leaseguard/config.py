@@ -5,8 +5,11 @@ in a Lambda function (from the environment), in the CLI, and in every worker pro
 simulator.
 
 =================================  ==============================================================
-``LEASEGUARD_BACKEND``             ``redis``, ``dynamodb``, ``memory`` or ``noop`` (default
-                                   ``noop`` when nothing else is set, with a warning)
+``LEASEGUARD_BACKEND``             ``redis``, ``dynamodb``, ``memory`` or ``noop``. Unset: the
+                                   backend the variables below imply; with none of them, inside
+                                   Lambda (``AWS_LAMBDA_FUNCTION_NAME`` set) a
+                                   :class:`ConfigurationError` (fail closed), elsewhere ``noop``
+                                   with a warning
 ``LEASEGUARD_REDIS_URL``           ``redis://``/``rediss://`` URL, ACL user and password inline
 ``LEASEGUARD_REDIS_CLUSTER``       ``true`` to use a Redis Cluster client
 ``LEASEGUARD_KEY_PREFIX``          Redis key prefix (default ``lg:``)
@@ -14,7 +17,10 @@ simulator.
 ``LEASEGUARD_DYNAMODB_ENDPOINT``   endpoint override (DynamoDB Local, moto); normally unset
 ``LEASEGUARD_CLOCK_SKEW_MS``       DynamoDB clock-skew margin (default 1000)
 ``LEASEGUARD_TTL_MS``              lease TTL of ``@lease_owned`` (default 15000)
-``LEASEGUARD_MAX_PAYLOAD_BYTES``   signal payload limit (default 262144)
+``LEASEGUARD_MAX_PAYLOAD_BYTES``   signal payload limit (default 6291456, Lambda's own)
+``LEASEGUARD_MAX_QUEUE``           signals a key may queue before forwards get ``QueueFull``
+                                   (default 1000)
+``LEASEGUARD_MAX_ATTEMPTS``        failed runs before a signal is dead-lettered (default 3)
 =================================  ==============================================================
 """
 
@@ -24,10 +30,11 @@ import functools
 import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, cast
 
 from leaseguard.errors import ConfigurationError, InvalidLeaseArgument
+from leaseguard.protocol.model import DEFAULT_MAX_QUEUE
 from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_ttl
 
 if TYPE_CHECKING:
@@ -53,6 +60,7 @@ class ProviderConfig:
     clock_skew_ms: int = DEFAULT_CLOCK_SKEW_MS
     ttl_ms: int = DEFAULT_TTL_MS
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    max_queue: int = DEFAULT_MAX_QUEUE
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -63,6 +71,10 @@ class ProviderConfig:
             raise ConfigurationError("the redis backend needs LEASEGUARD_REDIS_URL")
         if self.backend == "dynamodb" and not self.table_name:
             raise ConfigurationError("the dynamodb backend needs LEASEGUARD_TABLE_NAME")
+        if not 1 <= self.max_queue <= 1_000_000:
+            raise ConfigurationError(
+                f"LEASEGUARD_MAX_QUEUE must be 1..1000000, got {self.max_queue}"
+            )
         try:
             check_ttl(self.ttl_ms)
         except InvalidLeaseArgument as exc:
@@ -77,6 +89,15 @@ class ProviderConfig:
                 backend = "redis"
             elif env.get("LEASEGUARD_TABLE_NAME"):
                 backend = "dynamodb"
+            elif env.get("AWS_LAMBDA_FUNCTION_NAME"):
+                # Deployed with no backend, every invocation would run uncoordinated: the very
+                # thing leaseguard exists to prevent. Say so on the first invocation instead.
+                raise ConfigurationError(
+                    "no lease backend configured in this Lambda function: set "
+                    "LEASEGUARD_BACKEND=redis with LEASEGUARD_REDIS_URL, or "
+                    "LEASEGUARD_BACKEND=dynamodb with LEASEGUARD_TABLE_NAME "
+                    "(LEASEGUARD_BACKEND=noop runs every invocation uncoordinated, on purpose)"
+                )
             else:
                 warnings.warn(
                     "no LEASEGUARD_BACKEND configured: using the no-op provider, which "
@@ -95,10 +116,8 @@ class ProviderConfig:
             clock_skew_ms=_int(env, "LEASEGUARD_CLOCK_SKEW_MS", DEFAULT_CLOCK_SKEW_MS),
             ttl_ms=_int(env, "LEASEGUARD_TTL_MS", DEFAULT_TTL_MS),
             max_payload_bytes=_int(env, "LEASEGUARD_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES),
+            max_queue=_int(env, "LEASEGUARD_MAX_QUEUE", DEFAULT_MAX_QUEUE),
         )
-
-    def with_(self, **changes: object) -> ProviderConfig:
-        return replace(self, **changes)  # type: ignore[arg-type]
 
     def build(self) -> BaseLeaseProvider:
         """A new provider (and client) for this configuration."""
@@ -111,6 +130,7 @@ class ProviderConfig:
                 cluster=self.redis_cluster,
                 prefix=self.key_prefix,
                 max_payload_bytes=self.max_payload_bytes,
+                max_queue=self.max_queue,
             )
         if self.backend == "dynamodb":
             from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
@@ -122,11 +142,14 @@ class ProviderConfig:
                 region_name=self.region_name,
                 clock_skew_ms=self.clock_skew_ms,
                 max_payload_bytes=self.max_payload_bytes,
+                max_queue=self.max_queue,
             )
         if self.backend == "memory":
             from leaseguard.providers.memory import InMemoryLeaseProvider
 
-            return InMemoryLeaseProvider(max_payload_bytes=self.max_payload_bytes)
+            return InMemoryLeaseProvider(
+                max_payload_bytes=self.max_payload_bytes, max_queue=self.max_queue
+            )
         from leaseguard.providers.noop import NoopLeaseProvider
 
         return NoopLeaseProvider(max_payload_bytes=self.max_payload_bytes)

@@ -47,7 +47,7 @@ class LeaseResult:
     holder's fencing token when known. The queue step
     (:meth:`~leaseguard.signals.SignalQueue.acquire_or_enqueue`) also fills ``position``
     (1-based place of the queued signal, when not acquired) and ``adopted`` (the orphaned
-    signal the caller now owns and must run before its own, when acquired).
+    signal the caller now owns and must run before its own, when acquired) and ``attempts``.
     """
 
     acquired: bool
@@ -55,6 +55,9 @@ class LeaseResult:
     token: int | None
     position: int | None = None
     adopted: Signal | None = None
+    attempts: int = 0
+    """When the caller's own signal was granted: its failed runs so far (a platform retry of an
+    event that failed before resumes the count; see ``max_attempts``)."""
 
 
 @runtime_checkable

@@ -39,6 +39,18 @@ class LeaseLostError(LeaseguardError):
         super().__init__(f"lease on key {key!r} is no longer owned by {owner!r} ({held})")
 
 
+class PayloadTooLarge(InvalidLeaseArgument):
+    """A signal's payload (the event, as JSON) is over ``max_payload_bytes``; nothing was
+    written. The guard answers API Gateway with HTTP 413."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"payload is {size} bytes of JSON; the limit is {limit} (max_payload_bytes)"
+        )
+
+
 class HandlerKeyError(InvalidLeaseArgument):
     """The key function of a guarded handler raised or returned something that is not a
     non-empty string. Names the handler so the misconfigured function is obvious."""
@@ -46,3 +58,19 @@ class HandlerKeyError(InvalidLeaseArgument):
 
 class ConfigurationError(LeaseguardError, ValueError):
     """A ``LEASEGUARD_*`` environment variable or decorator option is missing or invalid."""
+
+
+class QueueFull(LeaseguardError):
+    """A forward was refused: the key's queue already holds ``limit`` signals (``max_queue``).
+
+    Nothing was stored. The guard answers API Gateway with 429 and reports an SQS record as a
+    batch item failure, so the event comes back later; a direct caller should back off."""
+
+    def __init__(self, key: str, depth: int, limit: int, holder: str | None = None) -> None:
+        self.key = key
+        self.depth = depth
+        self.limit = limit
+        self.holder = holder
+        super().__init__(
+            f"queue of key {key!r} is full ({depth} signals queued; max_queue is {limit})"
+        )

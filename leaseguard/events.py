@@ -5,11 +5,8 @@ forwarded), SQS records (whose message id identifies the signal), and typed even
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping
 from typing import Any
-
-from leaseguard.errors import InvalidLeaseArgument
 
 
 def as_json(event: Any) -> Any:
@@ -67,6 +64,8 @@ def signal_id(event: Any, context: Any) -> str:
     request_id = getattr(context, "aws_request_id", None)
     if isinstance(request_id, str) and request_id:
         return request_id
+    import uuid  # here, not at import (it loads platform): only a call without a context
+
     return f"local-{uuid.uuid4()}"
 
 
@@ -80,13 +79,3 @@ def forwarded_response(event: Any, body: dict[str, Any]) -> Any:
             "body": json.dumps(body),
         }
     return body
-
-
-def sqs_body_json(event: Any) -> Any:
-    data = _mapping(event)
-    if data is None:
-        return None
-    try:
-        return json.loads(data["body"])
-    except (TypeError, ValueError) as exc:
-        raise InvalidLeaseArgument(f"SQS record body is not JSON: {exc}") from exc

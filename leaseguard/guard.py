@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import logging
+import os
 import time
+import weakref
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, TypeVar, cast
 
+from leaseguard.batch import current_lambda_context
 from leaseguard.config import DEFAULT_TTL_MS, provider_from_env
 from leaseguard.contract import LeaseProvider, is_lease_provider
 from leaseguard.errors import (
@@ -35,8 +39,16 @@ from leaseguard.errors import (
     InvalidLeaseArgument,
     LeaseBackendError,
     LeaseLostError,
+    PayloadTooLarge,
+    QueueFull,
 )
-from leaseguard.events import as_json, forwarded_response, rebuild_like, signal_id
+from leaseguard.events import (
+    as_json,
+    forwarded_response,
+    is_api_gateway,
+    rebuild_like,
+    signal_id,
+)
 from leaseguard.handoff import (
     Dispatcher,
     Envelope,
@@ -47,8 +59,10 @@ from leaseguard.handoff import (
 )
 from leaseguard.observability import Telemetry
 from leaseguard.protocol.model import DEFAULT_MAX_ATTEMPTS
-from leaseguard.renewal import _CURRENT, LeaseHandle, LeaseRenewer
+from leaseguard.providers.base import MAX_QUEUE_LIMIT, ON_POISON, OnPoison
+from leaseguard.renewal import LeaseHandle, LeaseRenewer, lease_scope
 from leaseguard.signals import Signal, SignalQueue, is_signal_queue, now_ms
+from leaseguard.stacking import ROUTE_ADVICE, check_handler_stack, check_not_inside_idempotency
 from leaseguard.validation import check_key, check_positive_int, check_ttl
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -81,7 +95,9 @@ class _Outcome:
     error: BaseException | None = None
 
 
-_NOT_RUN = object()
+class UnfinishedRuns(Exception):
+    """The error a signal is dead-lettered with when it reached ``max_attempts`` through runs
+    that never finished (its owners' leases ran out: a crash, a timeout, a lost lease)."""
 
 
 @dataclass(frozen=True)
@@ -102,9 +118,18 @@ class _Call:
         else:
             found = next((k for k in ("event", "record") if k in kwargs), None)
             if found is None:
-                raise TypeError(f"{name}() was called without an event")
+                # What a Powertools event-handler route gets: path parameters, no event.
+                raise ConfigurationError(
+                    f"{name}() was called without an event"
+                    + (f" (with {sorted(kwargs)})" if kwargs else "")
+                    + f". {ROUTE_ADVICE}"
+                )
             slot = found
         context = args[1] if len(args) > 1 else kwargs.get("lambda_context", kwargs.get("context"))
+        if context is None:
+            # A batch record handler is called without one unless it takes `lambda_context`;
+            # the deadline and the handoff ARN are still the invocation's.
+            context = current_lambda_context()
         return cls(args, kwargs, slot, context)
 
     @property
@@ -119,26 +144,94 @@ class _Call:
         return self.args, {**self.kwargs, self.event_slot: event}
 
 
+@dataclass(frozen=True)
+class GuardOptions:
+    """The decorator's settings, validated once at decoration time (see :func:`lease_owned`)."""
+
+    ttl_ms: int
+    renew_every_ms: int
+    handoff: Handoff = "auto"
+    handoff_margin_ms: int = DEFAULT_HANDOFF_MARGIN_MS
+    queue_url: str | None = None
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    max_queue: int | None = None  # None: the provider's own bound
+    on_poison: OnPoison = "skip"
+    dead_letter_queue_url: str | None = None
+    on_lost: Callable[[LeaseHandle], None] | None = None
+    on_signal_error: Callable[[Signal, BaseException], None] | None = None
+    signal_id_fn: Callable[[Any, Any], str] = signal_id
+    lambda_client: Any = None
+    sqs_client: Any = None
+
+    @classmethod
+    def build(
+        cls,
+        name: str,
+        *,
+        ttl_ms: int | None,
+        renew_every_ms: int | None,
+        handoff: str,
+        handoff_margin_ms: int,
+        queue_url: str | None,
+        max_attempts: int | None,
+        max_queue: int | None,
+        on_poison: str,
+        dead_letter_queue_url: str | None,
+        on_lost: Callable[[LeaseHandle], None] | None,
+        on_signal_error: Callable[[Signal, BaseException], None] | None,
+        signal_id_fn: Callable[[Any, Any], str] | None,
+        lambda_client: Any,
+        sqs_client: Any,
+    ) -> GuardOptions:
+        try:
+            ttl = check_ttl(ttl_ms if ttl_ms is not None else _env_int("LEASEGUARD_TTL_MS"))
+            every = renew_every_ms if renew_every_ms is not None else max(ttl // 3, 1)
+            every = check_positive_int("renew_every_ms", every, ttl - 1)
+            if handoff_margin_ms != 0:
+                check_positive_int("handoff_margin_ms", handoff_margin_ms, 900_000)
+            attempts = check_positive_int(
+                "max_attempts",
+                max_attempts if max_attempts is not None else _env_int("LEASEGUARD_MAX_ATTEMPTS"),
+                1000,
+            )
+            if max_queue is not None:
+                check_positive_int("max_queue", max_queue, MAX_QUEUE_LIMIT)
+        except InvalidLeaseArgument as exc:
+            raise ConfigurationError(f"@lease_owned on {name}: {exc}") from exc
+        if handoff not in HANDOFF_MODES:
+            raise ConfigurationError(f"handoff must be one of {HANDOFF_MODES}, got {handoff!r}")
+        if handoff == "sqs" and not queue_url:
+            raise ConfigurationError('handoff="sqs" needs queue_url (the queue to hand off to)')
+        if on_poison not in ON_POISON:
+            raise ConfigurationError(f"on_poison must be one of {ON_POISON}, got {on_poison!r}")
+        return cls(
+            ttl_ms=ttl,
+            renew_every_ms=every,
+            handoff=cast(Handoff, handoff),
+            handoff_margin_ms=handoff_margin_ms,
+            queue_url=queue_url,
+            max_attempts=attempts,
+            max_queue=max_queue,
+            on_poison=cast(OnPoison, on_poison),
+            dead_letter_queue_url=dead_letter_queue_url,
+            on_lost=on_lost,
+            on_signal_error=on_signal_error,
+            signal_id_fn=signal_id_fn or signal_id,
+            lambda_client=lambda_client,
+            sqs_client=sqs_client,
+        )
+
+
 class _Guard:
-    """The decorator's configuration, validated once at decoration time."""
+    """One guarded handler: its key function, provider, options and telemetry."""
 
     def __init__(
         self,
         handler: Callable[..., Any],
         key_fn: Callable[[Any], str] | str,
         provider: object | None,
-        ttl_ms: int | None,
-        renew_every_ms: int | None,
-        handoff: Handoff,
-        handoff_margin_ms: int,
-        queue_url: str | None,
-        on_lost: Callable[[LeaseHandle], None] | None,
-        on_signal_error: Callable[[Signal, BaseException], None] | None,
-        signal_id_fn: Callable[[Any, Any], str] | None,
-        lambda_client: Any,
-        sqs_client: Any,
+        options: GuardOptions,
         telemetry: Telemetry,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ) -> None:
         self.name = getattr(handler, "__qualname__", repr(handler))
         self.key_fn = _compile_key_fn(key_fn, self.name)
@@ -148,28 +241,21 @@ class _Guard:
                 f"the signal queue, got {type(provider).__name__}"
             )
         self._provider = cast("QueueProvider | None", provider)
-        try:
-            self.ttl_ms = check_ttl(ttl_ms if ttl_ms is not None else _env_ttl())
-            every = renew_every_ms if renew_every_ms is not None else max(self.ttl_ms // 3, 1)
-            self.renew_every_ms = check_positive_int("renew_every_ms", every, self.ttl_ms - 1)
-            if handoff_margin_ms != 0:
-                check_positive_int("handoff_margin_ms", handoff_margin_ms, 900_000)
-            self.max_attempts = check_positive_int("max_attempts", max_attempts, 1000)
-        except InvalidLeaseArgument as exc:
-            raise ConfigurationError(f"@lease_owned on {self.name}: {exc}") from exc
-        if handoff not in HANDOFF_MODES:
-            raise ConfigurationError(f"handoff must be one of {HANDOFF_MODES}, got {handoff!r}")
-        if handoff == "sqs" and not queue_url:
-            raise ConfigurationError('handoff="sqs" needs queue_url (the queue to hand off to)')
-        self.handoff = handoff
-        self.handoff_margin_ms = handoff_margin_ms
-        self.queue_url = queue_url
-        self.on_lost = on_lost
-        self.on_signal_error = on_signal_error
-        self.signal_id_fn = signal_id_fn or signal_id
-        self.lambda_client = lambda_client
-        self.sqs_client = sqs_client
+        self.options = options
         self.telemetry = telemetry
+        # The names the flow reads most, kept as attributes.
+        self.ttl_ms = options.ttl_ms
+        self.renew_every_ms = options.renew_every_ms
+        self.handoff = options.handoff
+        self.handoff_margin_ms = options.handoff_margin_ms
+        self.queue_url = options.queue_url
+        self.max_attempts = options.max_attempts
+        self.on_lost = options.on_lost
+        self.on_signal_error = options.on_signal_error
+        self.signal_id_fn = options.signal_id_fn
+        self.lambda_client = options.lambda_client
+        self.sqs_client = options.sqs_client
+        check_handler_stack(handler, self.name)  # Powertools decorators that must be outside
 
     @property
     def provider(self) -> QueueProvider:
@@ -224,7 +310,10 @@ class _Invocation:
         self.telemetry = guard.telemetry
 
     def flow(self) -> Generator[_Run, _Outcome, Any]:
-        guard, provider = self.guard, self.guard.provider
+        guard = self.guard
+        if self.context is None:
+            _warn_without_context(guard)
+        provider = guard.provider
         try:
             envelope = parse_envelope(self.event)
         except InvalidEnvelope as exc:
@@ -239,7 +328,20 @@ class _Invocation:
         key = guard.key_of(self.event)
         own = Signal(guard.signal_id_fn(self.event, self.context), as_json(self.event))
         sent_at = time.monotonic()
-        result = provider.acquire_or_enqueue(key, own, guard.ttl_ms)
+        try:
+            if guard.options.max_queue is None:
+                result = provider.acquire_or_enqueue(key, own, guard.ttl_ms)
+            else:
+                result = provider.acquire_or_enqueue(  # type: ignore[call-arg]
+                    key, own, guard.ttl_ms, max_queue=guard.options.max_queue
+                )
+        except QueueFull as full:
+            return self._refuse(full)
+        except PayloadTooLarge as large:
+            if not is_api_gateway(self.event):
+                raise
+            self.telemetry.log(logging.WARNING, "refused an event: too large", error=str(large))
+            return _http(413, {"leaseguard": {"status": "too large", "reason": str(large)}})
         if not result.acquired and result.position is None:
             # Already in flight (its owner runs it, or this is a second delivery of the event
             # that owns the key): running it here would run it twice.
@@ -257,16 +359,42 @@ class _Invocation:
                 queue_position=result.position,
                 signal_id=own.id,
             )
+            if result.position is not None:
+                self.telemetry.count("QueueDepth", result.position)
             return forwarded_response(
                 self.event, _forwarded_body(key, own.id, result.owner, result.position)
             )
         self.telemetry.count("LeaseAcquired")
-        first = result.adopted or replace(own, token=result.token)
+        first = result.adopted or replace(own, token=result.token, attempts=result.attempts)
         return (
             yield from self._chain(
                 key, first, sent_at, primary=own.id, own_event=result.adopted is None
             )
         )
+
+    def _refuse(self, full: QueueFull) -> Any:
+        """A forward into a full queue: HTTP 429 for API Gateway; anything else re-raises (a
+        batch record handler's record then becomes a batch item failure and comes back)."""
+        self.telemetry.count("QueueFull")
+        self.telemetry.log(
+            logging.WARNING,
+            "refused an event: the key's queue is full",
+            lease_key=full.key,
+            lease_holder=full.holder,
+            queue_depth=full.depth,
+            max_queue=full.limit,
+        )
+        if not is_api_gateway(self.event):
+            raise full
+        body = {
+            "leaseguard": {
+                "status": "queue full",
+                "key": full.key,
+                "depth": full.depth,
+                "max_queue": full.limit,
+            }
+        }
+        return _http(429, body, {"retry-after": "1"})
 
     def _receive(self, envelope: Envelope) -> Generator[_Run, _Outcome, Any]:
         guard = self.guard
@@ -322,30 +450,45 @@ class _Invocation:
             else:
                 event = rebuild_like(self.event, current.payload)
                 telemetry.timing("LeaseWaitMs", now_ms() - current.enqueued_at_ms)
-            renewer = LeaseRenewer(handle, guard.renew_every_ms).start()
-            started = time.monotonic()
-            try:
-                outcome = yield _Run(event, handle)
-            finally:
-                renewer.stop()
-            held_ms = (time.monotonic() - started) * 1000
-            longest_ms = max(longest_ms, held_ms)
-            telemetry.timing("LeaseHoldMs", held_ms)
             # The platform retries the invocation's own event (it re-raises); every other
             # signal this run held is retried from the queue, or dead-lettered.
             platform_retries = is_primary and own_event
+            if not platform_retries and current.attempts >= guard.max_attempts:
+                # Its earlier runs all died before they could report (G5 counted each): one
+                # more would most likely die the same way, so it is dead-lettered unrun.
+                outcome = _Outcome(
+                    error=UnfinishedRuns(
+                        f"{current.attempts} earlier runs did not finish "
+                        "(crash, timeout or lost lease)"
+                    )
+                )
+            else:
+                renewer = LeaseRenewer(handle, guard.renew_every_ms).start()
+                started = time.monotonic()
+                try:
+                    outcome = yield _Run(event, handle)
+                finally:
+                    renewer.stop()
+                held_ms = (time.monotonic() - started) * 1000
+                longest_ms = max(longest_ms, held_ms)
+                telemetry.timing("LeaseHoldMs", held_ms)
             if is_primary:
                 primary_outcome = outcome
             error = outcome.error
             if error is None and handle.take_failed:
                 error = LeaseBackendError("take_signals failed during the run")
+            dead: list[Signal] = []
             if error is not None:
-                owned = [] if platform_retries else [current]
+                # The own event is the platform's to retry, unless this failure is its last
+                # (its earlier failed deliveries count too): then it is dead-lettered here.
+                last = current.attempts + 1 >= guard.max_attempts
+                owned = [] if platform_retries and not last else [current]
                 for signal in owned + handle.taken:
-                    self._signal_failed(key, signal, error, reported=not handle.lost)
+                    if self._signal_failed(key, signal, error, reported=not handle.settle()):
+                        dead.append(signal)
                 if platform_retries and outcome.error is None:
                     primary_outcome = _Outcome(error=error)
-            if handle.lost:
+            if handle.settle():
                 telemetry.count("LeaseLost")
                 telemetry.log(
                     logging.ERROR,
@@ -363,6 +506,8 @@ class _Invocation:
                     "requeue_owner": not platform_retries,
                     "max_attempts": guard.max_attempts,
                 }
+                if guard.options.on_poison != "skip":
+                    report["on_poison"] = guard.options.on_poison
             sent_at = time.monotonic()
             try:
                 nxt = provider.transfer_to_next(
@@ -386,6 +531,8 @@ class _Invocation:
                     pending_signals=_pending_or_none(provider, key),
                 )
                 break
+            if dead and error is not None:
+                self._send_dead_letters(key, dead, error)
             if nxt is None:
                 break
             telemetry.count("LeaseHandedOff")
@@ -397,13 +544,15 @@ class _Invocation:
         if primary_outcome is None:
             # An adopted chain that had to stop before reaching this invocation's own event:
             # it stays queued and runs later, like any forwarded event.
-            return _forwarded_body(key, primary, None, None, status="queued")
+            body = _forwarded_body(key, primary, None, None, status="queued")
+            return forwarded_response(self.event, body)  # API Gateway: 202, never a raw body
         if primary_outcome.error is not None:
             if own_event:
                 raise primary_outcome.error
             # A queued signal (a hand-off receiver's, or an adopted one): the backend retries or
             # dead-letters it; re-raising would only make Lambda resend a spent envelope.
-            return _forwarded_body(key, primary, None, None, status="failed, retried from queue")
+            body = _forwarded_body(key, primary, None, None, status="failed, retried from queue")
+            return forwarded_response(self.event, body)
         return primary_outcome.value
 
     def _hand_off_remotely(self, longest_ms: float) -> bool:
@@ -441,11 +590,42 @@ class _Invocation:
             return
         self.telemetry.count("HandoffDispatched")
 
+    def _send_dead_letters(self, key: str, dead: list[Signal], error: BaseException) -> None:
+        """Copies of what was just dead-lettered on the key, to ``dead_letter_queue_url``. The
+        key keeps every dead letter either way, so a failed send loses nothing."""
+        url = self.guard.options.dead_letter_queue_url
+        if not url:
+            return
+        for signal in dead:
+            body = {
+                "leaseguard": "dead-letter",
+                "key": key,
+                "id": signal.id,
+                "attempts": signal.attempts + 1,
+                "error": f"{type(error).__name__}: {error}",
+                "enqueued_at_ms": signal.enqueued_at_ms,
+                "failed_at_ms": now_ms(),
+                "payload": signal.payload,
+            }
+            try:
+                client = self.guard.sqs_client or _default_sqs_client()
+                client.send_message(QueueUrl=url, MessageBody=json.dumps(body))
+            except Exception as exc:
+                self.telemetry.count("DeadLetterSendFailed")
+                self.telemetry.log(
+                    logging.ERROR,
+                    "could not copy a dead letter to dead_letter_queue_url; it stays on the key",
+                    lease_key=key,
+                    signal_id=signal.id,
+                    error=str(exc),
+                )
+
     def _signal_failed(
         self, key: str, signal: Signal, error: BaseException, *, reported: bool
-    ) -> None:
+    ) -> bool:
         """``reported``: the failure goes to the backend with the hand-off (not when the lease
-        was lost first: then the signal is simply delivered again after the lease expires)."""
+        was lost first: then the signal is simply delivered again after the lease expires).
+        True when the report dead-letters it."""
         dead = reported and signal.attempts + 1 >= self.guard.max_attempts
         self.telemetry.count("SignalDeadLettered" if dead else "SignalFailed")
         if not reported:
@@ -456,7 +636,7 @@ class _Invocation:
             outcome = "it goes back to the head of the queue"
         self.telemetry.log(
             logging.ERROR,
-            f"handler failed on a forwarded signal; {outcome}",
+            f"handler failed on a signal; {outcome}",
             lease_key=key,
             signal_id=signal.id,
             attempts=signal.attempts + 1,
@@ -468,6 +648,7 @@ class _Invocation:
                 callback(signal, error)
             except Exception:
                 logging.getLogger("leaseguard").exception("on_signal_error callback failed")
+        return dead
 
     def _lost_callback(self, handle: LeaseHandle) -> None:
         self.telemetry.log(
@@ -495,6 +676,20 @@ def _forwarded_body(
     }
 
 
+def _http(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+    return {
+        "statusCode": status,
+        "headers": {"content-type": "application/json", **(headers or {})},
+        "body": json.dumps(body),
+    }
+
+
+def _default_sqs_client() -> Any:
+    from leaseguard.handoff import boto3_client
+
+    return boto3_client("sqs")
+
+
 def _pending_or_none(provider: QueueProvider, key: str) -> int | None:
     """How many signals still wait on ``key``, for a log line (``None`` if the backend cannot
     say): after a lost lease it tells an operator whether work was left behind or lost."""
@@ -502,6 +697,23 @@ def _pending_or_none(provider: QueueProvider, key: str) -> int | None:
         return provider.pending_signals(key)
     except Exception:
         return None
+
+
+_WARNED_NO_CONTEXT: weakref.WeakSet[_Guard] = weakref.WeakSet()
+
+
+def _warn_without_context(guard: _Guard) -> None:
+    """Once per guarded handler: with no Lambda context the owner cannot see the deadline, so
+    it would drain its whole queue inline, however long that takes."""
+    if guard.handoff == "inline" or guard in _WARNED_NO_CONTEXT:
+        return
+    _WARNED_NO_CONTEXT.add(guard)
+    guard.telemetry.log(
+        logging.WARNING,
+        f"{guard.name} was called without a Lambda context: the owner cannot see the "
+        "deadline and hands off inline only. Pass the context, or decorate the lambda_handler "
+        "with leaseguard.batch.handle_envelopes",
+    )
 
 
 def _remaining_ms(context: Any) -> int | None:
@@ -512,16 +724,20 @@ def _remaining_ms(context: Any) -> int | None:
     return int(value) if isinstance(value, (int, float)) else None
 
 
-def _env_ttl() -> int:
-    import os
+_ENV_DEFAULTS = {
+    "LEASEGUARD_TTL_MS": DEFAULT_TTL_MS,
+    "LEASEGUARD_MAX_ATTEMPTS": DEFAULT_MAX_ATTEMPTS,
+}
 
-    raw = os.environ.get("LEASEGUARD_TTL_MS")
+
+def _env_int(name: str) -> int:
+    raw = os.environ.get(name)
     if not raw:
-        return DEFAULT_TTL_MS
+        return _ENV_DEFAULTS[name]
     try:
         return int(raw)
     except ValueError as exc:
-        raise ConfigurationError(f"LEASEGUARD_TTL_MS must be an integer, got {raw!r}") from exc
+        raise ConfigurationError(f"{name} must be an integer, got {raw!r}") from exc
 
 
 def _compile_key_fn(key_fn: Callable[[Any], str] | str, name: str) -> Callable[[Any], Any]:
@@ -552,12 +768,11 @@ def _compile_key_fn(key_fn: Callable[[Any], str] | str, name: str) -> Callable[[
 def _lease_scope(invocation: _Invocation, request: _Run) -> Iterator[_CallArgs]:
     """While one handler run lasts: ``current_lease()`` answers, log lines carry the lease."""
     handle = request.handle
-    reset = _CURRENT.set(handle)
-    try:
-        with invocation.telemetry.lease_context(handle.key, handle.owner, handle.token):
-            yield invocation.call.with_event(request.event)
-    finally:
-        _CURRENT.reset(reset)
+    with (
+        lease_scope(handle),
+        invocation.telemetry.lease_context(handle.key, handle.owner, handle.token),
+    ):
+        yield invocation.call.with_event(request.event)
 
 
 def _finish(invocation: _Invocation, flow: Generator[_Run, _Outcome, Any]) -> None:
@@ -583,21 +798,37 @@ def _drive_sync(fn: Callable[..., Any], invocation: _Invocation) -> Any:
         _finish(invocation, flow)
 
 
+_DONE = object()
+
+
+def _step(flow: Generator[_Run, _Outcome, Any], outcome: _Outcome | None) -> tuple[Any, Any]:
+    """One step of the flow: ``(request, _DONE)``, or ``(None, result)`` once it returned
+    (StopIteration cannot cross into an asyncio future)."""
+    try:
+        request = next(flow) if outcome is None else flow.send(outcome)
+    except StopIteration as done:
+        return None, done.value
+    return request, _DONE
+
+
 async def _drive_async(fn: Callable[..., Any], invocation: _Invocation) -> Any:
+    """The flow's steps (backend calls, joining the renewer) run on a worker thread, so the
+    event loop keeps serving other tasks while this one waits on the backend."""
+    import asyncio
+
     flow = invocation.flow()
     try:
-        request = next(flow)
-        while True:
+        request, result = await asyncio.to_thread(_step, flow, None)
+        while result is _DONE:
             try:
                 with _lease_scope(invocation, request) as (args, kwargs):
                     outcome = _Outcome(value=await fn(*args, **kwargs))
             except Exception as exc:
                 outcome = _Outcome(error=exc)
-            request = flow.send(outcome)
-    except StopIteration as done:
-        return done.value
+            request, result = await asyncio.to_thread(_step, flow, outcome)
+        return result
     finally:
-        _finish(invocation, flow)
+        await asyncio.to_thread(_finish, invocation, flow)
 
 
 def lease_owned(
@@ -617,7 +848,10 @@ def lease_owned(
     logger: Any = None,
     metrics: Any = None,
     tracer: Any = None,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    max_attempts: int | None = None,
+    max_queue: int | None = None,
+    on_poison: OnPoison = "skip",
+    dead_letter_queue_url: str | None = None,
 ) -> Callable[[F], F]:
     """Guard a Lambda handler (or a Powertools batch record handler) with a lease on
     ``key_fn(event)``.
@@ -635,35 +869,48 @@ def lease_owned(
     ``on_lost(handle)`` runs when renewal fails; ``on_signal_error(signal, exc)`` when the
     handler raises on a forwarded signal, or on a run that had taken it with
     ``take_signals``: such a signal goes back to the head of the key's queue and is retried,
-    and after ``max_attempts`` failed runs it is dead-lettered on the key
-    (``inspect_key(key).dead_letters``). The invocation's own event re-raises instead, so
-    Lambda's (or SQS's) retry applies. ``logger``, ``metrics`` and ``tracer`` take Powertools
-    objects.
+    and after ``max_attempts`` (default ``LEASEGUARD_MAX_ATTEMPTS`` or 3) failed runs it is
+    dead-lettered on the key (``inspect_key(key).dead_letters``, ``leaseguard redrive``), and
+    also sent to ``dead_letter_queue_url`` (an SQS queue) when set. A run that never finished
+    (a crash, a timeout) counts as a failed one. ``on_poison="skip"`` lets the key move on past
+    a dead letter; ``"halt"`` keeps strict order: nothing queued behind it runs until it is
+    redriven. The invocation's own event re-raises instead, so Lambda's (or SQS's) retry
+    applies.
+
+    ``max_queue`` (default: the provider's, ``LEASEGUARD_MAX_QUEUE`` or 1,000) bounds each
+    key's queue: a forward into a full one raises :class:`~leaseguard.errors.QueueFull`
+    (API Gateway gets HTTP 429; a Powertools batch record handler's record is reported as a
+    batch item failure, so SQS delivers it again later). ``logger``, ``metrics`` and ``tracer``
+    take Powertools objects.
     """
 
     def decorate(fn: F) -> F:
-        guard = _Guard(
-            fn,
-            key_fn,
-            provider,
-            ttl_ms,
-            renew_every_ms,
-            handoff,
-            handoff_margin_ms,
-            queue_url,
-            on_lost,
-            on_signal_error,
-            signal_id_fn,
-            lambda_client,
-            sqs_client,
-            Telemetry(logger=logger, metrics=metrics, tracer=tracer),
-            max_attempts,
+        name = getattr(fn, "__qualname__", repr(fn))
+        options = GuardOptions.build(
+            name,
+            ttl_ms=ttl_ms,
+            renew_every_ms=renew_every_ms,
+            handoff=handoff,
+            handoff_margin_ms=handoff_margin_ms,
+            queue_url=queue_url,
+            max_attempts=max_attempts,
+            max_queue=max_queue,
+            on_poison=on_poison,
+            dead_letter_queue_url=dead_letter_queue_url,
+            on_lost=on_lost,
+            on_signal_error=on_signal_error,
+            signal_id_fn=signal_id_fn,
+            lambda_client=lambda_client,
+            sqs_client=sqs_client,
         )
+        telemetry = Telemetry(logger=logger, metrics=metrics, tracer=tracer)
+        guard = _Guard(fn, key_fn, provider, options, telemetry)
 
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                check_not_inside_idempotency(guard, guard.name)  # before the backend is touched
                 call = _Call.capture(guard.name, args, kwargs)
                 return await _drive_async(fn, _Invocation(guard, call))
 
@@ -672,6 +919,7 @@ def lease_owned(
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            check_not_inside_idempotency(guard, guard.name)  # before the backend is touched
             return _drive_sync(fn, _Invocation(guard, _Call.capture(guard.name, args, kwargs)))
 
         wrapper.__leaseguard__ = guard  # type: ignore[attr-defined]

@@ -21,7 +21,6 @@ logs and debugging only.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -105,7 +104,7 @@ class InvokeDispatcher:
 
     def __init__(self, function_name: str, client: Any = None) -> None:
         self.function_name = function_name
-        self.client = client if client is not None else _boto3_client("lambda")
+        self.client = client if client is not None else boto3_client("lambda")
 
     def dispatch(self, envelope: Envelope) -> None:
         try:
@@ -124,7 +123,7 @@ class SqsDispatcher:
 
     def __init__(self, queue_url: str, client: Any = None) -> None:
         self.queue_url = queue_url
-        self.client = client if client is not None else _boto3_client("sqs")
+        self.client = client if client is not None else boto3_client("sqs")
 
     def dispatch(self, envelope: Envelope) -> None:
         params: dict[str, Any] = {
@@ -133,6 +132,8 @@ class SqsDispatcher:
         }
         if self.queue_url.endswith(".fifo"):
             # Group ids allow 128 characters and keys 1 KiB; a digest keeps both unique per key.
+            import hashlib  # here, not at import: OpenSSL's load is a cold-start cost
+
             digest = hashlib.sha256(envelope.key.encode()).hexdigest()
             params["MessageGroupId"] = digest
             params["MessageDeduplicationId"] = f"{digest[:40]}-{envelope.token}"
@@ -145,7 +146,7 @@ class SqsDispatcher:
 _CLIENTS: dict[str, Any] = {}
 
 
-def _boto3_client(service: Literal["lambda", "sqs"]) -> Any:
+def boto3_client(service: Literal["lambda", "sqs"]) -> Any:
     # One client per process: creating a boto3 client costs tens of milliseconds, and a warm
     # Lambda environment reuses it across invocations.
     if service not in _CLIENTS:

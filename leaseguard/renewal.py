@@ -12,7 +12,8 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from leaseguard.errors import LeaseguardError, LeaseLostError
@@ -27,6 +28,16 @@ _CURRENT: contextvars.ContextVar[LeaseHandle] = contextvars.ContextVar("leasegua
 
 class NoActiveLease(LeaseguardError, LookupError):
     """``current_lease()`` was called outside a handler guarded by ``@lease_owned``."""
+
+
+@contextmanager
+def lease_scope(handle: LeaseHandle) -> Iterator[LeaseHandle]:
+    """While inside, :func:`current_lease` answers ``handle`` (the guard's handler runs)."""
+    reset = _CURRENT.set(handle)
+    try:
+        yield handle
+    finally:
+        _CURRENT.reset(reset)
 
 
 def current_lease() -> LeaseHandle:
@@ -83,10 +94,16 @@ class LeaseHandle:
     @property
     def lost(self) -> bool:
         """True once a renewal failed or was refused, or once the TTL has run out since the
-        last successful renewal was sent (a renewal stuck in client retries does not count)."""
+        last successful renewal was sent (a renewal stuck in client retries does not count).
+        A plain read: ``on_lost`` fires from the renewer, or from :meth:`settle`."""
+        return self.lost_reason is not None or time.monotonic() >= self._valid_until
+
+    def settle(self) -> bool:
+        """After the run: a lease that ran out with no renewal to say so is marked lost now
+        (``on_lost`` fires once). Returns :attr:`lost`."""
         if self.lost_reason is None and time.monotonic() >= self._valid_until:
             self.mark_lost("no renewal succeeded within the TTL")
-        return self.lost_reason is not None
+        return self.lost
 
     @property
     def remaining_ms(self) -> int:
@@ -129,7 +146,8 @@ class LeaseHandle:
                 _log.exception("on_lost callback failed for key %r", self.key)
 
     def __repr__(self) -> str:
-        state = f"lost: {self.lost_reason}" if self.lost else f"{self.remaining_ms} ms left"
+        reason = self.lost_reason or "the TTL ran out"
+        state = f"lost: {reason}" if self.lost else f"{self.remaining_ms} ms left"
         return f"<LeaseHandle key={self.key!r} owner={self.owner!r} token={self.token} {state}>"
 
 
@@ -165,11 +183,14 @@ class LeaseRenewer:
             handle.renewed(sent_at)
 
     def stop(self) -> None:
-        """Stop and join; after this returns no renewal is in flight."""
+        """Stop and join, waiting at most one renewal period (and at least 1 s). A renewal
+        still stuck in client retries after that can only be refused: it names this grant's
+        token, which the hand-off or release that follows retires (and the handle is marked
+        lost, so nothing is handed off on its account)."""
         self._stop.set()
+        if not self._thread.is_alive():
+            return
+        self._thread.join(max(self.every_s, 1.0))
         if self._thread.is_alive():
-            self._thread.join()
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
+            _log.warning("a renewal of %r is still in flight after stop", self.handle.key)
+            self.handle.mark_lost("a renewal was still in flight when the run ended")

@@ -82,6 +82,9 @@ class KeyState:
     queued: tuple[Signal, ...]
     in_flight: tuple[str, ...]
     dead_letters: tuple[DeadLetter, ...] = ()
+    halted: bool = False
+    """A signal was dead-lettered under ``on_poison="halt"``: nothing queued runs until
+    :meth:`~leaseguard.providers.base.BaseLeaseProvider.redrive`."""
 
 
 def encode_signal(signal: Signal, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:

@@ -11,13 +11,14 @@ import json
 import math
 from typing import Any
 
-from .errors import InvalidLeaseArgument
+from .errors import InvalidLeaseArgument, PayloadTooLarge
 
 MAX_KEY_BYTES = 1024
 MAX_OWNER_BYTES = 1024
 MAX_TTL_MS = 86_400_000  # one day: a lease longer than that is a configuration mistake
 MAX_LIMIT = 10_000
-DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
+DEFAULT_MAX_PAYLOAD_BYTES = 6 * 1024 * 1024
+"""Lambda's limit for a synchronous invocation's event: any event Lambda can deliver fits."""
 MAX_PAYLOAD_DEPTH = 64
 
 
@@ -106,7 +107,5 @@ def encode_payload(payload: object, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) 
         text = json.dumps(payload, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
         size = len(text)
     if size > max_bytes:
-        raise InvalidLeaseArgument(
-            f"payload is {size} bytes of JSON; the limit is {max_bytes} (max_payload_bytes)"
-        )
+        raise PayloadTooLarge(size, max_bytes)
     return text

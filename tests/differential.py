@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from leaseguard.contract import LeaseResult
-from leaseguard.errors import InvalidLeaseArgument, LeaseLostError
+from leaseguard.errors import InvalidLeaseArgument, LeaseLostError, QueueFull
 from leaseguard.providers import memory as memory_module
 from leaseguard.providers.base import BaseLeaseProvider
 from leaseguard.providers.memory import InMemoryLeaseProvider
@@ -125,6 +125,8 @@ class Side:
 def _capture(fn: Callable[[], Any]) -> tuple[str, Any]:
     try:
         return ("ok", fn())
+    except QueueFull as exc:
+        return ("raise", ("QueueFull", exc.depth, exc.limit, exc.holder))
     except (LeaseLostError, InvalidLeaseArgument) as exc:
         return ("raise", type(exc).__name__)
     except Exception as exc:  # a crash is a disagreement, reported with its text
@@ -232,6 +234,7 @@ def norm(side: Side, key: str, value: Any) -> Any:
             side.rank(key, value.token),
             value.position,
             adopted,
+            value.attempts,
         )
     if isinstance(value, Signal):
         token = side.rank(key, value.token)
@@ -250,6 +253,7 @@ def norm(side: Side, key: str, value: Any) -> Any:
             queued,
             value.in_flight,
             dead,
+            value.halted,
         )
     if isinstance(value, list):
         if value and isinstance(value[0], tuple):  # adopt_orphans: (key, signal) pairs
@@ -264,7 +268,10 @@ def apply(side: Side, op: Op) -> tuple[str, Any]:
     owner, token = kw.get("owner", ""), side.value(k, kw.get("token"))
     calls: dict[str, Callable[[], Any]] = {
         "acquire_or_enqueue": lambda: p.acquire_or_enqueue(
-            k, Signal(kw["id"], {"v": kw["v"]}, enqueued_at_ms=1_000 + kw["v"]), ttl
+            k,
+            Signal(kw["id"], {"v": kw["v"]}, enqueued_at_ms=1_000 + kw["v"]),
+            ttl,
+            max_queue=kw.get("max_queue"),
         ),
         "take_signals": lambda: p.take_signals(k, owner, kw["limit"], token=token),
         "transfer_to_next": lambda: p.transfer_to_next(
@@ -278,6 +285,8 @@ def apply(side: Side, op: Op) -> tuple[str, Any]:
         "adopt_orphans": lambda: p.adopt_orphans(ttl, 10, claim=kw["claim"]),
         "get_lease_owner": lambda: p.get_lease_owner(k),
         "pending_signals": lambda: p.pending_signals(k),
+        "redrive": lambda: p.redrive(k, kw.get("ids")),
+        "dead_letter_keys": lambda: sorted(p.dead_letter_keys(10)),
         "expire": lambda: expire(side, k),
     }
     kind, value = side.call(calls[op.name], op.resend)
@@ -324,6 +333,8 @@ WEIGHTS = {
     "expire": 8,
     "get_lease_owner": 2,
     "pending_signals": 2,
+    "redrive": 3,
+    "dead_letter_keys": 1,
 }
 RESEND_P = 0.15
 
@@ -360,10 +371,20 @@ def draw_op(rng: random.Random, model: Side, keys: Sequence[str], weights: dict[
         return T(rng.randrange(len(seen))) if seen and r < 0.95 else T(-1)
 
     resend = (
-        name not in ("get_lease_owner", "pending_signals", "expire") and rng.random() < RESEND_P
+        name not in ("get_lease_owner", "pending_signals", "expire", "dead_letter_keys")
+        and rng.random() < RESEND_P
     )
     if name == "acquire_or_enqueue":
-        return Op(name, key, id=rng.choice(IDS), v=rng.randrange(100), resend=resend)
+        bound = {"max_queue": rng.choice((1, 2, 3))} if rng.random() < 0.3 else {}
+        return Op(name, key, id=rng.choice(IDS), v=rng.randrange(100), resend=resend, **bound)
+    if name == "redrive":
+        dead = [d.id for d in rec.dead]
+        if dead and rng.random() < 0.5:
+            ids = tuple(rng.sample(dead, rng.randint(1, len(dead))))
+            return Op(name, key, ids=ids, resend=resend)
+        return Op(name, key, resend=resend)
+    if name == "dead_letter_keys":
+        return Op(name, key)
     if name == "adopt_orphans":
         return Op(name, key, claim=rng.random() < 0.5, resend=resend)
     if name in ("get_lease_owner", "pending_signals"):
@@ -391,6 +412,7 @@ def draw_op(rng: random.Random, model: Side, keys: Sequence[str], weights: dict[
                 "error": "boom",
                 "requeue_owner": rng.random() < 0.6,
                 "max_attempts": rng.choice((1, 2, 3)),
+                "on_poison": "halt" if rng.random() < 0.3 else "skip",
             }
         return Op(name, key, resend=resend, **kw)
     return Op(name, key, owner=owner, token=token, resend=resend)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -216,3 +217,144 @@ def test_simulate_with_kills_on_the_embedded_default(capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     assert code == 0, out
     assert "workers killed" in out and "verified" in out
+
+
+# -- dead letters: inspect, dead-letters, redrive ------------------------------------------------
+
+
+def _backend(backend: str, request: pytest.FixtureRequest) -> tuple[Any, list[str]]:
+    """A provider and the CLI arguments that reach the same keys. "memory" hands the CLI the
+    test's own in-memory provider (it has no cross-process store of its own)."""
+    if backend == "memory":
+        from leaseguard.providers.memory import InMemoryLeaseProvider
+
+        provider = InMemoryLeaseProvider()
+        request.getfixturevalue("monkeypatch").setattr(
+            ProviderConfig, "build", lambda self: provider
+        )
+        return provider, ["--redis-url", "redis://in-memory.invalid:1"]
+    if backend == "redis":
+        url = request.getfixturevalue("redis_url")
+        prefix = f"cli{uuid.uuid4().hex[:6]}:"
+        return RedisLeaseProvider.from_url(url, prefix=prefix), [
+            "--redis-url",
+            url,
+            "--prefix",
+            prefix,
+        ]
+    from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
+
+    if DynamoDBLeaseProvider.__abstractmethods__:
+        pytest.skip("the DynamoDB provider does not implement dead letters yet")
+    endpoint = request.getfixturevalue("dynamodb_endpoint")
+    table = request.getfixturevalue("dynamodb_table")
+    provider = DynamoDBLeaseProvider(table, endpoint_url=endpoint, region_name="us-east-1")
+    return provider, ["--dynamodb-endpoint", endpoint, "--table", table]
+
+
+def _poison(provider: Any, key: str, signal_id: str, payload: Any, *, halt: bool) -> None:
+    """Run ``signal_id`` on ``key`` and fail it once with max_attempts=1: a dead letter."""
+    result = provider.acquire_or_enqueue(key, Signal(signal_id, payload), 30_000)
+    assert result.acquired
+    provider.transfer_to_next(
+        key,
+        signal_id,
+        30_000,
+        token=result.token,
+        error="RuntimeError: boom\n  at line 3",
+        max_attempts=1,
+        on_poison="halt" if halt else "skip",
+    )
+
+
+DEAD_LETTER_BACKENDS = ["memory", "redis", "dynamodb"]
+
+
+@pytest.mark.parametrize("backend", DEAD_LETTER_BACKENDS)
+def test_inspect_shows_dead_letters_and_halted(
+    backend: str, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
+) -> None:
+    provider, where = _backend(backend, request)
+    big = {"text": "x" * 500}
+    _poison(provider, "thread:9", "sig-dead", big, halt=True)
+    provider.acquire_or_enqueue("thread:9", Signal("sig-next", {"n": 2}), 30_000)
+    assert run_cli("inspect", "thread:9", *where, "--json") == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["halted"] is True
+    [dead] = info["dead_letters"]
+    assert (dead["id"], dead["attempts"], dead["payload"]) == ("sig-dead", 1, big)
+    assert dead["error"].startswith("RuntimeError: boom")
+    assert 0 < dead["enqueued_at_ms"] <= dead["failed_at_ms"]
+    assert [q["id"] for q in info["queued"]] == ["sig-next"]
+
+    assert run_cli("inspect", "thread:9", *where) == 0
+    text = capsys.readouterr().out
+    assert "halted     yes" in text and "leaseguard redrive thread:9" in text
+    assert "dead       1" in text and "sig-dead  attempts 1" in text
+    assert "error    RuntimeError: boom at line 3" in text  # one line
+    assert re.search(r"failed   \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(\d+ s ago\)", text)
+    preview = next(line for line in text.splitlines() if "payload" in line)
+    assert '{"text":"xxx' in preview and "..." in preview and len(preview) < 140
+    assert f"({len(json.dumps(big, separators=(',', ':')))} bytes)" in preview
+
+
+@pytest.mark.parametrize("backend", DEAD_LETTER_BACKENDS)
+def test_dead_letters_lists_keys_with_counts_and_redrive_puts_them_back(
+    backend: str, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
+) -> None:
+    provider, where = _backend(backend, request)
+    assert run_cli("dead-letters", *where) == 0
+    assert capsys.readouterr().out == "no key holds dead letters\n"
+    _poison(provider, "a", "a-1", {"n": 1}, halt=True)
+    _poison(provider, "b", "b-1", {"n": 1}, halt=False)
+    _poison(provider, "b", "b-2", {"n": 2}, halt=False)
+
+    assert run_cli("dead-letters", *where) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["dead", "halted", "key"]
+    assert [line.split() for line in lines[1:]] == [["1", "yes", "a"], ["2", "b"]]
+    assert run_cli("dead-letters", "--limit", "1", *where, "--json") == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row in (
+        {"key": "a", "dead_letters": 1, "halted": True},
+        {"key": "b", "dead_letters": 2, "halted": False},
+    )
+
+    # one by id, then the rest; a repeat has nothing left to move
+    assert run_cli("redrive", "b", "--id", "b-2", "--id", "nope", *where) == 0
+    out = capsys.readouterr().out
+    assert "redrove 1 dead letter(s) of 'b'" in out and "not dead letters of 'b': 'nope'" in out
+    assert [d.id for d in provider.inspect_key("b").dead_letters] == ["b-1"]
+    assert [s.id for s in provider.inspect_key("b").queued] == ["b-2"]
+    assert run_cli("redrive", "a", *where) == 0
+    assert "redrove 1 dead letter(s) of 'a'" in capsys.readouterr().out
+    state = provider.inspect_key("a")
+    assert not state.halted and not state.dead_letters and [s.id for s in state.queued] == ["a-1"]
+    assert run_cli("redrive", "a", *where) == 0
+    assert capsys.readouterr().out == "nothing to redrive: 'a' holds no dead letters\n"
+    assert run_cli("redrive", "b", "--id", "zzz", *where) == 0
+    assert "nothing to redrive: 'b' holds no dead letter with id 'zzz'" in capsys.readouterr().out
+    assert run_cli("dead-letters", *where, "--json") == 0
+    assert json.loads(capsys.readouterr().out) == [{"key": "b", "dead_letters": 1, "halted": False}]
+
+
+def test_dead_letters_says_when_the_limit_cut_the_list(
+    request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
+) -> None:
+    provider, where = _backend("memory", request)
+    for key in ("a", "b", "c"):
+        _poison(provider, key, f"{key}-1", {}, halt=False)
+    assert run_cli("dead-letters", "--limit", "2", *where) == 0
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) == 4 and "--limit N shows more" in out
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["simulate", "inspect", "dead-letters", "redrive", "sweep", "invoke", None],
+)
+def test_help_is_plain_text(command: str | None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(*([command] if command else []), "--help") == 0
+    out = capsys.readouterr().out
+    assert "``" not in out and ":class:" not in out and ":meth:" not in out
+    assert "usage: leaseguard" in out

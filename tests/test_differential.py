@@ -49,12 +49,14 @@ FIRST_SEED = int(os.environ.get("LEASEGUARD_DIFF_SEED", "0"))
 # there and says so. Rates measured on the 2-core machine while other suites ran (load 4-9):
 # memory 2,500-5,000 ops/s, Redis 640-860, Cluster 670-920 (no adopt_orphans), DynamoDB on
 # in-process moto 16-28 (about 5 requests an op at ~8 ms each): it gets ~1,000-1,400 ops, not
-# 50,000 (LEASEGUARD_DIFF_SEQUENCES=2000 takes ~30-50 min there).
+# 50,000 (LEASEGUARD_DIFF_SEQUENCES=2000 takes ~30-50 min there). make test samples: the same
+# first seeds, a few seconds a backend (10,000 ops on Redis, 5,000 on Cluster, 600 on DynamoDB);
+# make soak runs 2,000 sequences on each.
 PLAN: dict[str, tuple[int, float]] = {
     "memory": (400, 10.0),
-    "redis": (2_000, 45.0),
-    "redis-cluster": (1_000, 20.0),
-    "dynamodb": (80, 45.0),
+    "redis": (400, 20.0),
+    "redis-cluster": (200, 15.0),
+    "dynamodb": (24, 20.0),
 }
 # On Cluster, adopt_orphans reads all 16384 per-slot indexes (~1-3 s a call): the bulk run
 # leaves it out and a few sequences check it (test_redis_cluster_adopt_agrees_with_the_model).
@@ -113,7 +115,8 @@ def test_a_planted_bug_is_found_shrunk_and_replayed() -> None:
 
     summary = run_many(mutant, range(300), length=LENGTH)
     assert summary.disagreements
-    small = shrink(summary.disagreements[0], mutant)
+    # Deleting one op at a time reaches a local minimum: the shortest of a few is the report.
+    small = min((shrink(d, mutant) for d in summary.disagreements[:4]), key=lambda d: len(d.ops))
     assert small.ops[-1].name == "take_signals" and small.ops[-1].resend
     assert len(small.ops) <= 4, small
     ops = eval(repr(small.ops), {"Op": Op, "T": T})  # the printed list is the repro

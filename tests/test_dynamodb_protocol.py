@@ -28,6 +28,7 @@ from botocore.exceptions import ClientError, ReadTimeoutError
 
 from leaseguard import LeaseBackendError, Signal
 from leaseguard.contract import LeaseResult
+from leaseguard.errors import QueueFull
 from leaseguard.protocol.model import DEDUPE_WINDOW_MS
 from leaseguard.providers.base import BaseLeaseProvider
 from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
@@ -111,6 +112,7 @@ def expression(*parts: str) -> Callable[[dict[str, Any]], bool]:
 GRANT = expression("#w = :w", "#f = :f", "if_not_exists(#t, :floor)")  # [Q1]
 APPEND = expression("#q = list_append(if_not_exists(#q, :empty), :id)")  # [Q2]
 ORPHAN = expression("#w = :w", "#c = :claimed")  # [Q6] / [D1]
+RESUMED = expression("#w = :w", "#a = :a", "if_not_exists(#t, :floor)")  # [Q1], attempts
 RELEASE = expression("#d = list_append(list_append(")  # [G6] + [N1], one write
 
 
@@ -188,6 +190,7 @@ class Ranks:
                 self.token(reply.token),
                 reply.position,
                 self(reply.adopted),
+                reply.attempts,
             )
         if isinstance(reply, Signal):
             return ("signal", reply.id, reply.payload, reply.attempts, self.token(reply.token))
@@ -199,6 +202,7 @@ class Ranks:
                 tuple(self(s) for s in reply.queued),
                 reply.in_flight,
                 tuple(self(d) for d in reply.dead_letters),
+                reply.halted,
             )
         if isinstance(reply, DeadLetter):
             return ("dead", reply.id, reply.payload, reply.attempts, reply.error)
@@ -575,14 +579,15 @@ def test_failures_retry_at_the_head_then_dead_letter_as_the_model(make: Make, cl
         ),
         lambda p, *_: p.inspect_key(KEY),
         lambda p, *_: p.acquire_or_enqueue(KEY, sig("o"), TTL),  # [Q5] dead-lettered
-        # s1 fails with requeue_owner=False: the platform retries it; it is not remembered
+        # s1 (attempts 1) fails with requeue_owner=False, below max_attempts: removed, the
+        # platform retries it; its failed done entry carries the count (2)
         lambda p, _, tok: p.transfer_to_next(
-            KEY, "s1", TTL, token=tok("s1"), error="x", requeue_owner=False, max_attempts=2
+            KEY, "s1", TTL, token=tok("s1"), error="x", requeue_owner=False, max_attempts=3
         ),
         lambda p, *_: p.inspect_key(KEY),
         lambda p, _, tok: p.transfer_to_next(KEY, "s2", TTL, token=tok("s2")),
         lambda p, _, tok: p.transfer_to_next(KEY, "s3", TTL, token=tok("s3")),
-        lambda p, *_: p.acquire_or_enqueue(KEY, sig("s1", 1), TTL),  # runs again
+        lambda p, *_: p.acquire_or_enqueue(KEY, sig("s1", 1), TTL),  # runs again, attempts 2
         lambda p, *_: p.acquire_or_enqueue(KEY, sig("s2", 2), TTL),  # done: duplicate
         lambda p, *_: p.inspect_key(KEY),
     ]
@@ -596,7 +601,7 @@ def test_failures_retry_at_the_head_then_dead_letter_as_the_model(make: Make, cl
     assert replies[8][5] == (("dead", "o", {"id": "o", "n": 0}, 2, "boom again"),)
     (dead,) = provider.inspect_key(KEY).dead_letters
     assert (dead.enqueued_at_ms, dead.failed_at_ms) == (1_000, clock.now)
-    assert replies[14][1:3] == (True, "s1")
+    assert replies[14][1:3] == (True, "s1") and replies[14][6] == 2
     assert replies[15][1:3] == (False, "s1")
 
 
@@ -621,7 +626,7 @@ def test_adopted_is_none_exactly_when_the_caller_owns_the_key(make: Make, clock:
         lambda p, *_: p.inspect_key(KEY),
     ]
     replies = same_as_model(provider, clock, steps)
-    assert replies[2] == ("lease", True, "s1", 1, None, None)
+    assert replies[2] == ("lease", True, "s1", 1, None, None, 1)  # [G5] it died in flight
     assert replies[5][:3] == ("lease", True, "s1") and replies[5][5][1] == "s1"
 
 
@@ -656,3 +661,497 @@ def test_the_done_view_applies_the_window_and_the_limits() -> None:
     assert len(kept) == DONE_LIMIT and "s4" not in kept and "s5" in kept
     long: list[dict[str, Any]] = [{"S": f"{i:04d}" + "x" * 1000} for i in range(100)]
     assert len(_done_view([*long, mark(1)], now)) == DONE_BYTES // 1005
+
+
+# -- backpressure, halting, envelope retries, redrive (rows Q8 Q9 N1 D4 C4 V1 V2, G5) --------------
+
+
+def forward(sid: str, n: int = 0, max_queue: int | None = None) -> Step:
+    """acquire_or_enqueue of ``sid``; a refusal ([Q8]) as ("full", depth, limit, holder)."""
+
+    def step(p: BaseLeaseProvider, *_: Any) -> object:
+        try:
+            return p.acquire_or_enqueue(KEY, sig(sid, n), TTL, max_queue=max_queue)
+        except QueueFull as full:
+            assert full.key == KEY
+            return ("full", full.depth, full.limit, full.holder)
+
+    return step
+
+
+def inspect(p: BaseLeaseProvider, *_: Any) -> object:
+    return p.inspect_key(KEY)
+
+
+def expire(p: BaseLeaseProvider, advance: Callable[[int], None], *_: Any) -> object:
+    """The current lease (and its index entry) runs out: the owner died."""
+    advance(TTL + 1)
+    return None
+
+
+def test_a_full_queue_refuses_forwards_in_the_models_order(make: Make, clock: Clock) -> None:
+    provider = make()
+    steps: list[Step] = [
+        forward("o"),  # [Q1]
+        forward("s1", 1, max_queue=2),  # [Q2]
+        forward("s2", 2, max_queue=2),  # [Q2]
+        forward("s3", 3, max_queue=2),  # [Q8] refused: 2 queued, holder o
+        forward("s1", 1, max_queue=2),  # [Q3] a known id is never refused: its place
+        forward("o", max_queue=1),  # [Q4]
+        inspect,
+        lambda p, _, tok: p.take_signals(KEY, "o", 1, token=tok("o")),
+        forward("s3", 3, max_queue=2),  # [Q2] room again
+        expire,
+        forward("s4", 4, max_queue=2),  # [Q8] free with work pending: refused, holder none
+        inspect,
+        forward("s4", 4, max_queue=3),  # [Q6] G5 (attempts + 1), s4 behind, o owns again
+        inspect,
+    ]
+    replies = same_as_model(provider, clock, steps)
+    assert replies[3] == ("full", 2, 2, "o")
+    assert replies[4][1:5] == (False, "o", 0, 1)
+    assert replies[10] == ("full", 2, 2, None)
+    assert replies[11][6] is False
+    assert replies[12][1:3] == (True, "o") and replies[12][5][3] == 1  # o's attempt counted
+    assert [s[1] for s in replies[13][3]] == ["s1", "s2", "s3", "s4"]
+    assert [s[3] for s in replies[13][3]] == [1, 0, 0, 0]
+
+
+def test_a_refused_forward_leaves_no_state_and_no_payload(make: Make) -> None:
+    provider = make()
+    held = provider.acquire_or_enqueue(KEY, sig("o"), TTL)
+    provider.acquire_or_enqueue(KEY, sig("s1", 1), TTL, max_queue=1)
+    before = (lease_item(provider), payload_items(provider), provider.inspect_key(KEY))
+    with pytest.raises(QueueFull) as info:
+        provider.acquire_or_enqueue(KEY, sig("s2", 2), TTL, max_queue=1)
+    assert (info.value.depth, info.value.limit, info.value.holder) == (1, 1, "o")
+    assert (lease_item(provider), payload_items(provider), provider.inspect_key(KEY)) == before
+    assert provider.pending_signals(KEY) == 1
+    # the provider's own bound applies when the call names none
+    bounded = make(max_queue=1)
+    with pytest.raises(QueueFull):
+        bounded.acquire_or_enqueue(KEY, sig("s2", 2), TTL)
+    assert payload_items(provider) == before[1]
+    # a forward that fills the last place concurrently: the append's own condition refuses
+    racer = make()
+    LostReply(
+        provider,
+        "UpdateItem",
+        between=lambda: racer.acquire_or_enqueue(KEY, sig("s3", 3), TTL, max_queue=2),
+        when=GRANT,
+        give_up=False,
+    )
+    with pytest.raises(QueueFull) as info:
+        provider.acquire_or_enqueue(KEY, sig("s4", 4), TTL, max_queue=2)
+    assert info.value.depth == 2
+    assert_nothing_lost(provider, "o", "s1", "s3")
+    assert sorted(payload_items(provider).values()) == ["o", "s1", "s3"]
+    assert run_chain(provider, "o", held.token) == ["o", "s1", "s3"]
+
+
+def test_a_halted_key_releases_queues_and_is_not_adopted_until_redriven(
+    make: Make, clock: Clock
+) -> None:
+    provider = make()
+
+    def fail(owner: str, halt: bool) -> Step:
+        return lambda p, _, tok: p.transfer_to_next(
+            KEY,
+            owner,
+            TTL,
+            token=tok(owner),
+            error="boom",
+            max_attempts=2,
+            on_poison="halt" if halt else "skip",
+        )
+
+    steps: list[Step] = [
+        forward("o"),
+        forward("s1", 1),
+        forward("s2", 2),
+        lambda p, _, tok: p.take_signals(KEY, "o", 1, token=tok("o")),
+        fail("o", halt=True),  # [G6] o and s1 back at the head (attempts 1): nothing dead yet
+        fail("o", halt=True),  # [G6] o dead-lettered, h set; [N1] released, queue kept
+        inspect,
+        forward("s3", 3),  # [Q9] not acquired, no holder, its place
+        forward("s3", 3),  # [Q9] again: the same place
+        forward("s4", 4, max_queue=3),  # [Q8] before [Q9]
+        lambda p, *_: p.adopt_orphans(TTL, 10),  # [D4]
+        lambda p, *_: p.acquire_lease(KEY, "w0", TTL),  # [L3] a plain owner; still halted
+        lambda p, _, tok: p.take_signals(KEY, "w0", 2, token=tok("w0")),
+        # [C4] not on a halted key: the taken head is first in flight with w0's token
+        lambda p, _, tok: p.claim_signal(KEY, "s1", tok("w0") or 1, TTL),
+        # [N1] halted: w0 completes s1 and s2 and releases, s3 stays queued
+        lambda p, _, tok: p.transfer_to_next(KEY, "w0", TTL, token=tok("w0")),
+        inspect,
+        lambda p, *_: p.acquire_lease(KEY, "w1", TTL),
+        lambda p, _, tok: p.take_signals(KEY, "w1", 2, token=tok("w1")),
+        expire,  # w1 died with s3 in flight
+        lambda p, _, tok: p.claim_signal(KEY, "s3", tok("w1") or 1, TTL),  # [C4] not: halted
+        forward("s5", 5),  # [Q9] G5: s3 back at the head with one more attempt
+        inspect,
+        lambda p, *_: p.redrive(KEY, ["nope"]),  # [V2]
+        lambda p, *_: p.redrive(KEY),  # [V1] o first, attempts 0; no longer halted
+        lambda p, *_: p.redrive(KEY),  # [V2]
+        inspect,
+        lambda p, *_: p.dead_letter_keys(),
+        lambda p, *_: p.adopt_orphans(TTL, 10),  # [D1] the redriven work runs
+        inspect,
+    ]
+    replies = same_as_model(provider, clock, steps)
+    assert replies[5] is None
+    assert replies[6][5][0][1] == "o" and replies[6][6] is True
+    assert replies[7] == ("lease", False, None, None, 3, None, 0)
+    assert replies[8] == replies[7]
+    assert replies[9] == ("full", 3, 3, None)
+    assert replies[10] == [] and replies[13] is None and replies[14] is None
+    assert replies[19] is None
+    assert replies[20] == ("lease", False, None, None, 2, None, 0)
+    assert [(s[1], s[3]) for s in replies[21][3]] == [("s3", 1), ("s5", 0)]
+    assert (replies[22], replies[23], replies[24]) == (0, 1, 0)
+    assert replies[25][6] is False and [s[1] for s in replies[25][3]] == ["o", "s3", "s5"]
+    assert replies[25][3][0][3] == 0
+    assert replies[26] == []
+    assert [(k, s[1], s[3]) for k, s in replies[27]] == [(KEY, "o", 0)]
+
+
+def test_the_sweeper_drops_a_halted_key_from_the_orphan_index(make: Make, clock: Clock) -> None:
+    provider = make()
+    held = provider.acquire_or_enqueue(KEY, sig("o"), TTL)
+    provider.acquire_or_enqueue(KEY, sig("s1", 1), TTL)
+    provider.transfer_to_next(
+        KEY, "o", TTL, token=held.token, error="x", max_attempts=1, on_poison="halt"
+    )
+    assert "gp" not in lease_item(provider)  # [N1] halted: out of the index
+    # a plain owner's forwarders put it back ([Q2] indexes); the sweep meets it once ([D4])
+    provider.acquire_lease(KEY, "w0", 1_000)
+    provider.acquire_or_enqueue(KEY, sig("s2", 2), TTL)
+    assert "gp" in lease_item(provider)
+    clock.now += 2_000
+    sent: list[str] = []
+    provider.client.meta.events.register(
+        "before-send.dynamodb.*", lambda event_name, **_: sent.append(event_name.split(".")[-1])
+    )
+    assert provider.adopt_orphans(TTL, 10) == []
+    assert "gp" not in lease_item(provider) and "h" in lease_item(provider)
+    sent.clear()
+    assert provider.adopt_orphans(TTL, 10) == []
+    assert "GetItem" not in sent  # no candidate any more: only the index queries
+    assert provider.inspect_key(KEY).halted
+
+
+def test_an_envelope_retried_after_its_lease_ran_out_runs_again(make: Make, clock: Clock) -> None:
+    provider = make()
+    steps: list[Step] = [
+        forward("o"),
+        forward("s1", 1),
+        forward("s2", 2),
+        # [N3] s1 granted unclaimed: an envelope with its token
+        lambda p, _, tok: p.transfer_to_next(KEY, "o", TTL, claim=False, token=tok("o")),
+        lambda p, _, tok: p.claim_signal(KEY, "s1", tok("s1") or 1, TTL),  # [C1]
+        lambda p, _, tok: p.take_signals(KEY, "s1", 1, token=tok("s1")),  # s2 in flight too
+        expire,  # the receiver died
+        lambda p, _, tok: p.claim_signal(KEY, "s1", tok("s1") or 1, TTL),  # [C4]
+        inspect,
+    ]
+    replies = same_as_model(provider, clock, steps)
+    assert replies[4][:5] == ("signal", "s1", {"id": "s1", "n": 1}, 0, 1)
+    assert replies[7][:4] == ("signal", "s1", {"id": "s1", "n": 1}, 1)
+    assert replies[7][4] == 2  # a new token
+    assert replies[8][1] == "s1" and [(s[1], s[3]) for s in replies[8][3]] == [("s2", 1)]
+
+    # [C4] resent (its reply lost) after a duplicate envelope's claim: the same grant
+    clock.now += TTL + 1
+    old = provider.inspect_key(KEY)
+    assert old.owner is None and old.in_flight == ("s1",)
+    token = lease_item(provider)["t"]["N"]
+    duplicate: list[object] = []
+    LostReply(
+        provider,
+        "UpdateItem",
+        between=lambda: duplicate.append(make().claim_signal(KEY, "s1", int(token), TTL)),
+        when=ORPHAN,
+    )
+    again = provider.claim_signal(KEY, "s1", int(token), TTL)
+    assert again is not None and (again.id, again.attempts) == ("s1", 2)
+    assert duplicate == [None]  # [C3]: the grant moved on
+    state = provider.inspect_key(KEY)
+    assert (state.owner, state.token) == ("s1", again.token)
+    assert provider.claim_signal(KEY, "s1", int(token), TTL) is None  # [C3]
+    assert run_chain(provider, "s1", again.token) == ["s1", "s2"]
+
+
+def test_a_dead_owners_in_flight_signals_count_an_attempt(make: Make, clock: Clock) -> None:
+    """[G5] on every path that requeues: acquire_lease (L3), the next event (Q6), the sweeper
+    (D1)."""
+    provider = make()
+    steps: list[Step] = [
+        forward("o"),
+        forward("s1", 1),
+        lambda p, _, tok: p.take_signals(KEY, "o", 1, token=tok("o")),
+        expire,
+        lambda p, *_: p.acquire_lease(KEY, "w0", TTL),  # [L3]
+        inspect,
+        lambda p, _, tok: p.take_signals(KEY, "w0", 1, token=tok("w0")),
+        expire,
+        lambda p, *_: p.adopt_orphans(TTL, 10, claim=True),  # [D1]
+        inspect,
+        expire,
+        forward("s2", 2),  # [Q6]
+        inspect,
+    ]
+    replies = same_as_model(provider, clock, steps)
+    assert [(s[1], s[3]) for s in replies[5][3]] == [("o", 1), ("s1", 1)]
+    assert [(k, s[1], s[3]) for k, s in replies[8]] == [(KEY, "o", 2)]
+    assert [(s[1], s[3]) for s in replies[9][3]] == [("s1", 1)]
+    assert replies[11][5][1:4:2] == ("o", 3)
+    assert [(s[1], s[3]) for s in replies[12][3]] == [("s1", 1), ("s2", 0)]
+
+
+def test_a_lost_redrive_reply_resent_moves_nothing_more(make: Make) -> None:
+    provider = make()
+    held = provider.acquire_or_enqueue(KEY, sig("o"), TTL)
+    provider.transfer_to_next(KEY, "o", TTL, token=held.token, error="x", max_attempts=1)
+    LostReply(provider, "UpdateItem", when=expression("list_append(:rq", "#gx = :gx"))
+    assert provider.redrive(KEY) == 0  # [V2]: the resend finds nothing, as the model's does
+    assert model_lost_reply(
+        lambda p: p.transfer_to_next(
+            KEY,
+            "o",
+            TTL,
+            token=p.acquire_or_enqueue(KEY, sig("o"), TTL).token,
+            error="x",
+            max_attempts=1,
+        ),
+        lambda p, _: p.redrive(KEY),
+        lambda p, _: None,
+    ) == (None, 0)
+    state = assert_nothing_lost(provider, "o")
+    assert state.dead_letters == () and state.queued[0].attempts == 0
+
+
+def test_dead_letter_keys_come_from_the_index(make: Make) -> None:
+    provider = make()
+    keys = [f"{KEY}:{i}" for i in range(3)]
+    for i, key in enumerate(keys[:2]):
+        held = provider.acquire_or_enqueue(key, sig(f"o{i}"), TTL)
+        provider.acquire_or_enqueue(key, sig(f"s{i}"), TTL)
+        provider.take_signals(key, f"o{i}", 1, token=held.token)
+        provider.transfer_to_next(
+            key,
+            f"o{i}",
+            TTL,
+            token=held.token,
+            error="x",
+            max_attempts=1,
+            on_poison="halt" if i else "skip",
+        )
+    held = provider.acquire_or_enqueue(keys[2], sig("fine"), TTL)
+    provider.transfer_to_next(keys[2], "fine", TTL, token=held.token)
+    sent: list[str] = []
+    provider.client.meta.events.register(
+        "before-send.dynamodb.*", lambda event_name, **_: sent.append(event_name.split(".")[-1])
+    )
+    assert provider.dead_letter_keys() == sorted(keys[:2])
+    assert set(sent) == {"Query"}  # one per shard: never a Scan, no item reads
+    assert len(provider.dead_letter_keys(limit=1)) == 1
+    assert provider.redrive(keys[0], ["o0"]) == 1  # s0 is still dead
+    assert provider.dead_letter_keys() == sorted(keys[:2])
+    assert provider.redrive(keys[0]) == 1
+    assert provider.dead_letter_keys() == [keys[1]]
+    assert "gd" not in lease_item(provider, keys[0]) and "gd" in lease_item(provider, keys[1])
+    state = provider.inspect_key(keys[0])
+    # each redrive puts its dead letters at the head: s0 (redriven last) runs first
+    assert [s.id for s in state.queued] == ["s0", "o0"] and not state.halted
+    assert provider.redrive(keys[1]) == 2 and provider.dead_letter_keys() == []
+
+
+# -- a failed own event's platform retry resumes its attempts (rows G6, Q1 Q2 Q6 Q7 Q9) ----------
+
+
+def fail_own(owner: str, max_attempts: int = 3, halt: bool = False) -> Step:
+    """``owner``'s invocation failed on its own event: the platform retries it (G6)."""
+    return lambda p, _, tok: p.transfer_to_next(
+        KEY,
+        owner,
+        TTL,
+        token=tok(owner),
+        error=f"{owner} failed",
+        requeue_owner=False,
+        max_attempts=max_attempts,
+        on_poison="halt" if halt else "skip",
+    )
+
+
+def test_an_own_event_that_failed_resumes_its_attempts_then_is_dead_lettered(
+    make: Make, clock: Clock
+) -> None:
+    provider = make()
+    steps: list[Step] = [
+        forward("o"),  # [Q1] attempts 0
+        fail_own("o"),  # [G6] removed, not dead yet: its done entry carries 1
+        inspect,
+        forward("o"),  # [Q1] the platform's retry: attempts resumed (1)
+        forward("o"),  # [Q4] a second delivery of the owner
+        fail_own("o"),  # [G6] 2 < 3: removed again, the done entry carries 2
+        forward("s1", 1),  # [Q1] another event holds the key
+        forward("o"),  # [Q2] the retry queued behind it, with its attempts (2)
+        inspect,
+        lambda p, _, tok: p.transfer_to_next(KEY, "s1", TTL, token=tok("s1")),  # [N2] to o
+        fail_own("o"),  # [G6] 3 >= 3: dead-lettered with its payload, not removed
+        inspect,
+        forward("o"),  # [Q5] dead-lettered: never runs again
+        lambda p, *_: p.redrive(KEY),  # [V1] attempts start again from 0
+        inspect,
+    ]
+    replies = same_as_model(provider, clock, steps)
+    assert replies[0][1:3] == (True, "o") and replies[0][6] == 0
+    assert replies[1] is None and replies[2][3] == () and replies[2][5] == ()
+    assert replies[3][1:3] == (True, "o") and replies[3][6] == 1
+    assert replies[4][1:3] == (False, "o") and replies[4][6] == 0
+    assert replies[7][1:3] == (False, "s1") and replies[7][4] == 1 and replies[7][6] == 0
+    assert replies[8][3] == (("signal", "o", {"id": "o", "n": 0}, 2, None),)
+    assert replies[9] == ("signal", "o", {"id": "o", "n": 0}, 2, 3)
+    assert replies[10] is None
+    assert replies[11][3] == () and replies[11][5] == (
+        ("dead", "o", {"id": "o", "n": 0}, 3, "o failed"),
+    )
+    assert replies[12][1:3] == (False, None) and replies[13] == 1
+    assert [(s[1], s[3]) for s in replies[14][3]] == [("o", 0)]
+    assert provider.dead_letter_keys() == []
+
+
+def test_a_retried_own_event_resumes_on_an_orphaned_or_halted_key(make: Make, clock: Clock) -> None:
+    """[Q6] and [Q9] store the retry with its attempts too; at max_attempts=1 the owner's own
+    event is dead-lettered at once (requeue_owner=False no longer skips that)."""
+    provider = make()
+    steps: list[Step] = [
+        forward("o"),
+        fail_own("o"),  # its done entry carries 1
+        forward("p"),
+        fail_own("p"),  # so does p's
+        forward("s1", 1),
+        forward("s2", 2),
+        lambda p, _, tok: p.take_signals(KEY, "s1", 1, token=tok("s1")),
+        expire,  # s1 died with s2 in flight
+        forward("o"),  # [Q6] s1 first (G5: attempts 1), then s2 (1), o behind them with 1
+        inspect,
+        fail_own("s1", max_attempts=1, halt=True),  # [G6] s1 dead at once: halted, released
+        forward("o"),  # [Q3] on a halted key: still queued, its place
+        inspect,
+        lambda p, *_: p.acquire_lease(KEY, "w0", 1_000),
+        lambda p, _, tok: p.take_signals(KEY, "w0", 1, token=tok("w0")),
+        expire,  # w0 died with s2 in flight on the halted key
+        forward("p"),  # [Q9] s2 back at the head (G5: 2), p queued with its 1; no grant
+        inspect,
+        lambda p, *_: p.redrive(KEY),  # [V1]
+        forward("q"),  # [Q6] the redriven head owns the key
+        inspect,
+    ]
+    replies = same_as_model(provider, clock, steps)
+    assert replies[8][1:3] == (True, "s1") and replies[8][5][1] == "s1"
+    assert replies[8][6] == 0  # not the caller's own signal
+    assert [(s[1], s[3]) for s in replies[9][3]] == [("s2", 1), ("o", 1)]
+    assert replies[11] == ("lease", False, None, None, 2, None, 0)
+    assert replies[12][6] is True and [d[1] for d in replies[12][5]] == ["s1"]
+    assert replies[16] == ("lease", False, None, None, 3, None, 0)
+    assert [(s[1], s[3]) for s in replies[17][3]] == [("s2", 2), ("o", 1), ("p", 1)]
+    assert replies[19][2] == "s1" and replies[19][6] == 0
+    assert [(s[1], s[3]) for s in replies[20][3]] == [("s2", 2), ("o", 1), ("p", 1), ("q", 0)]
+
+
+def test_a_retried_own_event_queues_on_a_halted_key_with_its_attempts(
+    make: Make, clock: Clock
+) -> None:
+    """[Q9] with nothing in flight: the retry is appended with its attempts."""
+    provider = make()
+    steps: list[Step] = [
+        forward("o"),
+        fail_own("o", max_attempts=2),  # its done entry carries 1
+        forward("s1", 1),
+        forward("s2", 2),
+        fail_own("s1", max_attempts=1, halt=True),  # halted, released, s2 queued
+        forward("o"),  # [Q9] appended with 1
+        forward("o"),  # [Q9] again: the same place
+        inspect,
+        lambda p, *_: p.redrive(KEY),
+        lambda p, *_: p.adopt_orphans(TTL, 10)[0][1],  # [D1] s1 runs (its new token)
+        lambda p, _, tok: p.transfer_to_next(KEY, "s1", TTL, token=tok("s1")),  # s2
+        lambda p, _, tok: p.transfer_to_next(KEY, "s2", TTL, token=tok("s2")),  # o
+        fail_own("o", max_attempts=2),  # 2 >= 2: dead-lettered with its payload
+        inspect,
+    ]
+    replies = same_as_model(provider, clock, steps)
+    assert replies[5] == ("lease", False, None, None, 2, None, 0) and replies[6] == replies[5]
+    assert [(s[1], s[3]) for s in replies[7][3]] == [("s2", 0), ("o", 1)]
+    assert replies[11][1] == "o" and replies[11][3] == 1
+    assert replies[13][5] == (("dead", "o", {"id": "o", "n": 0}, 2, "o failed"),)
+
+
+def test_a_retried_own_event_on_a_free_key_costs_one_more_write(make: Make) -> None:
+    """The blind [Q1] refuses on the failed entry's tag; the refusal is the snapshot of the
+    conditional grant that resumes the count. A fresh event still costs the pinned two."""
+    provider = make()
+    first = provider.acquire_or_enqueue(KEY, sig("o"), TTL)
+    provider.transfer_to_next(KEY, "o", TTL, token=first.token, error="x", requeue_owner=False)
+    item = lease_item(provider)
+    assert {"B": b"o"} in item["d"]["L"] and {"L": [{"S": "o"}, {"N": "1"}]} in item["d"]["L"]
+    sent: list[str] = []
+    provider.client.meta.events.register(
+        "before-send.dynamodb.*", lambda event_name, **_: sent.append(event_name.split(".")[-1])
+    )
+    again = provider.acquire_or_enqueue(KEY, sig("o"), TTL)
+    assert (again.acquired, again.owner, again.attempts) == (True, "o", 1)
+    assert sent == ["PutItem", "UpdateItem", "UpdateItem"]
+    assert provider.take_signals(KEY, "o", 1, token=again.token) == []
+    sent.clear()
+    assert provider.transfer_to_next(KEY, "o", TTL, token=again.token) is None  # succeeded
+    fresh = provider.acquire_or_enqueue(KEY, sig("s1", 1), TTL)
+    assert (fresh.acquired, fresh.attempts) == (True, 0)
+    assert sent == ["UpdateItem", "BatchWriteItem", "PutItem", "UpdateItem"]
+    assert provider.acquire_or_enqueue(KEY, sig("o"), TTL).acquired is False  # [Q5] done
+
+
+def test_a_lost_resumed_grant_reply_resent_after_an_append_is_the_grant(make: Make) -> None:
+    owner_side, forwarder = make(), make()
+    first = owner_side.acquire_or_enqueue(KEY, sig("o"), TTL)
+    owner_side.transfer_to_next(KEY, "o", TTL, token=first.token, error="x", requeue_owner=False)
+    queued: list[LeaseResult] = []
+    LostReply(
+        owner_side,
+        "UpdateItem",
+        lambda: queued.append(forwarder.acquire_or_enqueue(KEY, sig("s2", 2), TTL)),
+        RESUMED,
+    )
+    result = owner_side.acquire_or_enqueue(KEY, sig("o"), TTL)
+    assert (result.acquired, result.owner, result.attempts) == (True, "o", 1)
+    assert (queued[0].owner, queued[0].position) == ("o", 1)
+    assert_nothing_lost(owner_side, "o", "s2")
+    assert model_lost_reply(
+        lambda p: p.transfer_to_next(
+            KEY,
+            "o",
+            TTL,
+            token=p.acquire_or_enqueue(KEY, sig("o"), TTL).token,
+            error="x",
+            requeue_owner=False,
+        ),
+        lambda p, _: p.acquire_or_enqueue(KEY, sig("o"), TTL),
+        lambda p, _: p.acquire_or_enqueue(KEY, sig("s2", 2), TTL),
+    ) == seen_on(None, queued[0], result)
+    assert run_chain(owner_side, "o", result.token) == ["o", "s2"]
+
+
+def test_a_forgotten_failed_entry_resumes_nothing(make: Make, clock: Clock) -> None:
+    """[G2] past the dedupe window the failed entry (and its tag) is forgotten: the retry
+    starts from 0, and the stale tag is removed so the blind writes work again."""
+    provider = make()
+    steps: list[Step] = [
+        forward("o"),
+        fail_own("o"),
+        lambda p, advance, _: advance(DEDUPE_WINDOW_MS + 1),
+        forward("o"),  # [Q1] attempts 0
+    ]
+    replies = same_as_model(provider, clock, steps)
+    assert replies[3][1:3] == (True, "o") and replies[3][6] == 0
+    assert {"B": b"o"} not in lease_item(provider)["d"]["L"]

@@ -21,7 +21,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, EndpointConnectionError
 
 from leaseguard import LeaseBackendError, Signal
-from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
+from leaseguard.errors import InvalidLeaseArgument, QueueFull
+from leaseguard.providers.dynamodb import ITEM_RECORD_BYTES, DynamoDBLeaseProvider
 from leaseguard.testing import DynamoDBServer, free_port
 
 TTL = 10_000
@@ -53,9 +54,10 @@ def raw_item(provider: DynamoDBLeaseProvider, key: str, sk: str = "lease") -> di
 
 
 def payload_ref(provider: DynamoDBLeaseProvider, key: str, signal_id: str) -> str:
+    """The payload ref of a queued, in-flight or dead-lettered signal."""
     item = raw_item(provider, key)
-    ids = [v["S"] for v in item["q"]["L"]] + [v["S"] for v in item.get("f", {"L": []})["L"]]
-    refs = [v["S"] for v in item["qn"]["L"]] + [v["S"] for v in item.get("fn", {"L": []})["L"]]
+    ids = [v["S"] for name in ("q", "f", "x") for v in item.get(name, {"L": []})["L"]]
+    refs = [v["S"] for name in ("qn", "fn", "xn") for v in item.get(name, {"L": []})["L"]]
     return str(refs[ids.index(signal_id)])
 
 
@@ -187,7 +189,7 @@ def test_the_ttl_attribute_follows_the_lease(make: Make) -> None:
 # -- the table ------------------------------------------------------------------------------------
 
 
-def test_create_table_is_idempotent_and_sets_up_ttl_and_the_index(
+def test_create_table_is_idempotent_and_sets_up_ttl_and_the_indexes(
     make: Make, dynamodb_table: str
 ) -> None:
     provider = make()
@@ -196,9 +198,12 @@ def test_create_table_is_idempotent_and_sets_up_ttl_and_the_index(
     described = provider.client.describe_table(TableName=dynamodb_table)["Table"]
     assert described["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
     assert [k["AttributeName"] for k in described["KeySchema"]] == ["pk", "sk"]
-    (index,) = described["GlobalSecondaryIndexes"]
-    assert index["IndexName"] == "orphans"
-    assert index["Projection"]["ProjectionType"] == "KEYS_ONLY"
+    indexes = {i["IndexName"]: i for i in described["GlobalSecondaryIndexes"]}
+    assert set(indexes) == {"orphans", "dead_letters"}
+    assert [k["AttributeName"] for k in indexes["orphans"]["KeySchema"]] == ["gp", "gx"]
+    assert [k["AttributeName"] for k in indexes["dead_letters"]["KeySchema"]] == ["gd"]
+    for index in indexes.values():
+        assert index["Projection"]["ProjectionType"] == "KEYS_ONLY"
     ttl = provider.client.describe_time_to_live(TableName=dynamodb_table)["TimeToLiveDescription"]
     assert (ttl["TimeToLiveStatus"], ttl["AttributeName"]) == ("ENABLED", "ttl")
 
@@ -465,3 +470,227 @@ def test_payloads_removed_by_ttl_are_skipped(make: Make) -> None:
     nxt = provider.transfer_to_next("k", "owner", TTL)
     assert nxt is not None and nxt.id == "s1"  # s0's payload is gone: it cannot run
     assert [s.id for s in provider.take_signals("k", "s1", 10)] == ["s3"]
+
+
+# -- payloads larger than one item ----------------------------------------------------------------
+
+MiB = 1024 * 1024
+# A signal with enqueued_at_ms=1_000 is stored as the record '{"at":1000,"p":<payload>}': its
+# payload's size plus 16 bytes.
+RECORD_EXTRA = 16
+
+
+def big(sid: str, size: int, char: str = "x") -> Signal:
+    """A signal whose payload is ``size`` bytes of JSON."""
+    body = char * ((size - 11) // len(char.encode("utf-8")))
+    return Signal(sid, {"body": body}, enqueued_at_ms=1_000)
+
+
+def payload_sks(provider: DynamoDBLeaseProvider, key: str) -> dict[str, int]:
+    """Every payload item of ``key`` (heads and pieces): sort key -> its size in bytes (as
+    DynamoDB counts it: attribute names plus values)."""
+    found: dict[str, int] = {}
+    params: dict[str, Any] = {
+        "TableName": provider.table_name,
+        "KeyConditionExpression": "pk = :k AND begins_with(sk, :s)",
+        "ExpressionAttributeValues": {":k": {"S": key}, ":s": {"S": "sig#"}},
+        "ConsistentRead": True,
+    }
+    while True:
+        page = provider.client.query(**params)
+        for item in page["Items"]:
+            found[item["sk"]["S"]] = sum(
+                len(name) + len(str(next(iter(value.values()))).encode())
+                for name, value in item.items()
+            )
+        if "LastEvaluatedKey" not in page:
+            return found
+        params["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def test_the_default_limit_is_lambdas_and_the_ceiling_far_above(make: Make) -> None:
+    assert make().max_payload_bytes == 6 * MiB
+    assert make(max_payload_bytes=64 * MiB).max_payload_bytes == 64 * MiB
+    with pytest.raises(InvalidLeaseArgument):
+        make(max_payload_bytes=64 * MiB + 1)
+
+
+def test_moto_enforces_the_item_size_limit(make: Make) -> None:
+    """So a piece too large for DynamoDB would fail these tests too."""
+    provider = make()
+    item = {"pk": {"S": "k"}, "sk": {"S": "sig#x"}, "r": {"S": "x" * 410_000}}
+    with pytest.raises(ClientError, match="Item size has exceeded the maximum allowed size"):
+        provider.client.put_item(TableName=provider.table_name, Item=item)
+    with pytest.raises(ClientError, match="Item size has exceeded"):
+        provider.client.batch_write_item(
+            RequestItems={provider.table_name: [{"PutRequest": {"Item": item}}]}
+        )
+
+
+def test_a_payload_that_fits_one_item_is_stored_as_one(make: Make) -> None:
+    provider = make()
+    provider.acquire_lease("k", "owner", TTL)
+    fits = ITEM_RECORD_BYTES - RECORD_EXTRA  # the record is exactly one item's worth
+    provider.acquire_or_enqueue("k", big("one", fits), TTL)
+    (ref,) = [payload_ref(provider, "k", "one")]
+    assert "." not in ref and list(payload_sks(provider, "k")) == ["sig#" + ref]
+    provider.acquire_or_enqueue("k", big("two", fits + 1), TTL)
+    ref2 = payload_ref(provider, "k", "two")
+    assert ref2.endswith(".2")
+    assert sorted(payload_sks(provider, "k")) == sorted(
+        ["sig#" + ref, "sig#" + ref2, "sig#" + ref2 + "#1"]
+    )
+    assert [len(s.payload["body"]) for s in provider.take_signals("k", "owner", 5)] == [
+        fits - 11,
+        fits + 1 - 11,
+    ]
+
+
+def test_a_6_mib_payload_is_16_items_each_within_the_limit(make: Make) -> None:
+    provider = make()
+    provider.acquire_lease("k", "owner", TTL)
+    signal = big("large", 6 * MiB)
+    assert provider.acquire_or_enqueue("k", signal, TTL).position == 1
+    ref = payload_ref(provider, "k", "large")
+    assert ref.endswith(".16")
+    sizes = payload_sks(provider, "k")
+    assert sorted(sizes) == sorted(["sig#" + ref] + [f"sig#{ref}#{i}" for i in range(1, 16)])
+    assert max(sizes.values()) < 400 * 1024
+    assert sum(sizes.values()) > 6 * MiB
+    (queued,) = provider.inspect_key("k").queued
+    assert queued == Signal("large", signal.payload, enqueued_at_ms=1_000)
+
+
+def test_pieces_are_cut_between_characters(make: Make) -> None:
+    provider = make()
+    provider.acquire_lease("k", "owner", TTL)
+    for n, char in enumerate(["é", "€", "😀", "a€😀"]):  # 2, 3, 4 bytes and a mix
+        signal = big(f"s{n}", 2 * MiB + n, char)
+        provider.acquire_or_enqueue("k", signal, TTL)
+        (taken,) = provider.take_signals("k", "owner", 1)
+        assert taken.payload == signal.payload
+
+
+def test_completion_deletes_every_piece(make: Make) -> None:
+    provider = make()
+    provider.acquire_or_enqueue("k", Signal("owner", {}), TTL)
+    provider.acquire_or_enqueue("k", big("large", 3 * MiB), TTL)
+    provider.acquire_or_enqueue("k", big("after", 1 * MiB), TTL)
+    assert len(payload_sks(provider, "k")) == 1 + 8 + 3
+    nxt = provider.transfer_to_next("k", "owner", TTL)
+    assert nxt is not None and nxt.id == "large" and len(nxt.payload["body"]) == 3 * MiB - 11
+    assert len(payload_sks(provider, "k")) == 8 + 3
+    assert [s.id for s in provider.take_signals("k", "large", 5)] == ["after"]
+    provider.release_lease("k", "large")  # completes both in flight
+    assert payload_sks(provider, "k") == {}
+
+
+def test_a_refused_large_forward_leaves_nothing_behind(make: Make) -> None:
+    provider = make()
+    provider.acquire_or_enqueue("k", Signal("owner", {}), TTL)
+    provider.acquire_or_enqueue("k", Signal("s1", {}), TTL)
+    before = payload_sks(provider, "k")
+    with pytest.raises(QueueFull):
+        provider.acquire_or_enqueue("k", big("large", 2 * MiB), TTL, max_queue=1)
+    assert payload_sks(provider, "k") == before
+
+
+def test_a_large_payload_with_a_piece_gone_is_skipped(make: Make) -> None:
+    """A piece removed by its TTL makes the payload gone, as its head item being gone does."""
+    provider = make()
+    provider.acquire_lease("k", "owner", TTL)
+    provider.acquire_or_enqueue("k", big("s0", 1 * MiB), TTL)
+    provider.acquire_or_enqueue("k", Signal("s1", {"n": 1}), TTL)
+    ref = payload_ref(provider, "k", "s0")
+    provider.client.delete_item(
+        TableName=provider.table_name, Key={"pk": {"S": "k"}, "sk": {"S": f"sig#{ref}#2"}}
+    )
+    assert [s.id for s in provider.inspect_key("k").queued] == ["s1"]
+    nxt = provider.transfer_to_next("k", "owner", TTL)
+    assert nxt is not None and nxt.id == "s1"
+
+
+def test_a_resent_large_forward_rewrites_the_same_pieces(make: Make) -> None:
+    provider = make()
+    provider.acquire_lease("k", "owner", TTL)
+    lost = LoseReply(provider, "BatchWriteItem")
+    signal = big("large", 2 * MiB)
+    assert provider.acquire_or_enqueue("k", signal, TTL).position == 1
+    assert lost.lost == 1
+    ref = payload_ref(provider, "k", "large")
+    assert len(payload_sks(provider, "k")) == 6 and ref.endswith(".6")
+    (taken,) = provider.take_signals("k", "owner", 5)
+    assert taken.payload == signal.payload
+
+
+def test_unprocessed_pieces_are_written_again(make: Make) -> None:
+    provider = make()
+    client = provider.client
+    send = client.batch_write_item
+    calls: list[int] = []
+
+    def half_processed(**params: Any) -> Any:
+        (requests,) = params["RequestItems"].values()
+        calls.append(len(requests))
+        if len(calls) > 1:
+            return send(**params)
+        keep, later = requests[: len(requests) // 2], requests[len(requests) // 2 :]
+        send(RequestItems={provider.table_name: keep})
+        return {"UnprocessedItems": {provider.table_name: later}}
+
+    client.batch_write_item = half_processed  # type: ignore[method-assign]
+    provider.acquire_lease("k", "owner", TTL)
+    signal = big("large", 2 * MiB)
+    provider.acquire_or_enqueue("k", signal, TTL)
+    assert calls == [6, 3]
+    assert provider.take_signals("k", "owner", 1)[0].payload == signal.payload
+
+
+def test_pieces_over_one_response_are_read_in_several(make: Make) -> None:
+    """BatchGetItem answers at most 16 MB: what it leaves out is asked for again."""
+    provider = make(max_payload_bytes=10 * MiB)
+    provider.acquire_lease("k", "owner", TTL)
+    signals = [big("a", 10 * MiB), big("b", 10 * MiB)]
+    for signal in signals:
+        provider.acquire_or_enqueue("k", signal, TTL)
+    reads: list[str] = []
+    provider.client.meta.events.register(
+        "before-send.dynamodb.BatchGetItem", lambda **_: reads.append("read")
+    )
+    assert provider.take_signals("k", "owner", 5) == [
+        Signal(s.id, s.payload, enqueued_at_ms=1_000) for s in signals
+    ]
+    assert len(reads) == 2  # 54 items, about 21 MB
+
+
+def test_a_dead_lettered_large_payload_is_kept_redriven_and_run_whole(make: Make) -> None:
+    clock = Clock()
+    provider = make(clock=clock.offset(0), clock_skew_ms=0, retention_s=86_400)
+    start = clock.now
+    signal = big("large", 3 * MiB)
+    held = provider.acquire_or_enqueue("k", signal, TTL)
+    assert held.acquired
+    ref = payload_ref(provider, "k", "large")
+
+    def ttls() -> set[int]:
+        return {int(raw_item(provider, "k", sk)["ttl"]["N"]) for sk in payload_sks(provider, "k")}
+
+    assert ttls() == {start // 1000 + 86_400}
+    clock.now = start + 5_000  # it fails later: kept a day from then, every piece
+    assert (
+        provider.transfer_to_next("k", "large", TTL, token=held.token, error="boom", max_attempts=1)
+        is None
+    )
+    (dead,) = provider.inspect_key("k").dead_letters
+    assert (dead.id, dead.payload, dead.error) == ("large", signal.payload, "boom")
+    assert ttls() == {clock.now // 1000 + 86_400}
+    clock.now = start + 60_000  # redriven later still: kept a day from then
+    assert provider.redrive("k") == 1
+    assert ttls() == {clock.now // 1000 + 86_400}
+    assert payload_ref(provider, "k", "large") == ref
+    (queued,) = provider.inspect_key("k").queued
+    assert queued.payload == signal.payload
+    (adopted,) = provider.adopt_orphans(TTL, 10)
+    assert adopted[1].id == "large" and adopted[1].payload == signal.payload
+    assert provider.transfer_to_next("k", "large", TTL, token=adopted[1].token) is None
+    assert payload_sks(provider, "k") == {}

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from leaseguard import Signal
+from leaseguard.errors import QueueFull
 from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
 from leaseguard.testing import DynamoDBServer
 
@@ -128,5 +129,141 @@ def test_documented_costs_of_the_other_steps(make: Callable[..., Counted]) -> No
     assert failed == ["GetItem", "BatchGetItem", "UpdateItem"]
 
 
+MiB = 1024 * 1024
+
+
+def _large(sid: str, size: int) -> Signal:
+    return Signal(sid, {"body": "x" * (size - 11)})
+
+
+def test_costs_of_payloads_larger_than_one_item(make: Callable[..., Counted]) -> None:
+    """Pinned so docs/dynamodb.md stays true: a payload over one item (~392 KiB) is written with
+    BatchWriteItem (25 items a request) instead of PutItem and read in the same BatchGetItem
+    (100 items and 16 MB a request); the protocol writes are the ones of a small payload."""
+    p = make(max_payload_bytes=10 * MiB)
+    # 6 MiB on a free key: its 16 items in one BatchWriteItem, then the grant
+    fresh = p.requests(lambda q: q.acquire_or_enqueue("free", _large("s1", 6 * MiB), TTL))
+    assert fresh == ["BatchWriteItem", "UpdateItem"]
+    # 6 MiB on a held key: its items, the refused grant, the append
+    p.provider.acquire_or_enqueue("h", Signal("o", {}), TTL)
+    held = p.requests(lambda q: q.acquire_or_enqueue("h", _large("s2", 6 * MiB), TTL))
+    assert held == ["BatchWriteItem", "UpdateItem", "UpdateItem"]
+    # 10 MiB: 27 items, two BatchWriteItem
+    ten = p.requests(lambda q: q.acquire_or_enqueue("h", _large("s3", 10 * MiB), TTL))
+    assert ten == ["BatchWriteItem", "BatchWriteItem", "UpdateItem", "UpdateItem"]
+    # 6 MiB of 2-byte characters: 16 items again, but about 19 MB as sent (JSON escapes them
+    # as \u00e9), so two BatchWriteItem: a request stays under DynamoDB's 16 MB
+    wide = Signal("s5", {"body": "é" * (3 * MiB - 6)})
+    assert p.requests(lambda q: q.acquire_or_enqueue("w", wide, TTL)) == [
+        "BatchWriteItem",
+        "BatchWriteItem",
+        "UpdateItem",
+    ]
+    assert p.provider.inspect_key("w").token is not None
+    # the hand-off to the 6 MiB head: as for a small one (its 16 items in the one BatchGetItem)
+    handed = p.requests(lambda q: q.transfer_to_next("h", "o", TTL))
+    assert handed == ["UpdateItem", "BatchGetItem", "UpdateItem", "BatchWriteItem"]
+    # the next hand-off deletes the 6 MiB payload's 16 items in one BatchWriteItem
+    handed = p.requests(lambda q: q.transfer_to_next("h", "s2", TTL))
+    assert handed == ["UpdateItem", "BatchGetItem", "UpdateItem", "BatchWriteItem"]
+    # completion of the 10 MiB one with nothing queued: the release, its 27 items deleted in
+    # two BatchWriteItem
+    done = p.requests(lambda q: q.transfer_to_next("h", "s3", TTL))
+    assert done == ["UpdateItem", "BatchWriteItem", "BatchWriteItem"]
+    assert p.requests(lambda q: q.transfer_to_next("free", "s1", TTL)) == [
+        "UpdateItem",
+        "BatchWriteItem",
+    ]
+    # dead-lettering a 1 MiB payload (3 items): the read, the dead letter's error on its head,
+    # the other two items kept as long (an UpdateItem of their TTL each), the release
+    held_d = p.provider.acquire_or_enqueue("d", _large("s4", MiB), TTL)
+    dead = p.requests(
+        lambda q: q.transfer_to_next("d", "s4", TTL, token=held_d.token, error="x", max_attempts=1)
+    )
+    assert dead == ["GetItem", "UpdateItem", "UpdateItem", "UpdateItem", "UpdateItem"]
+    # its redrive: the read, each of its 3 items given a fresh retention_s, the write
+    assert p.requests(lambda q: q.redrive("d")) == ["GetItem"] + ["UpdateItem"] * 4
+
+
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def test_costs_of_backpressure_halting_claims_and_redrive(make: Callable[..., Counted]) -> None:
+    """Pinned so docs/dynamodb.md stays true; none of these is on the uncontended path."""
+    clock = _Clock()
+    p = make(clock=clock, clock_skew_ms=0, orphan_shards=2)
+    held = p.provider.acquire_or_enqueue("k", Signal("o", {"n": 0}), TTL)
+    p.provider.acquire_or_enqueue("k", Signal("s1", {"n": 1}), TTL)
+    # [Q8] refused: the payload item, the refused grant that shows the full queue, and the
+    # payload item's deletion (a refused forward leaves nothing behind)
+    full = p.requests(lambda q: _refused(q, "k", Signal("s2", {"n": 2}), max_queue=1))
+    assert full == ["PutItem", "UpdateItem", "BatchWriteItem"]
+    # a failure report that dead-letters under on_poison="halt": the read, the dead letter's
+    # error on its payload item, then completion and release in one write (no payload reads:
+    # nothing is granted)
+    halted = p.requests(
+        lambda q: q.transfer_to_next(
+            "k", "o", TTL, token=held.token, error="x", max_attempts=1, on_poison="halt"
+        )
+    )
+    assert halted == ["GetItem", "UpdateItem", "UpdateItem"]
+    # [Q9] a forward into the halted key: payload, the refused grant, the append
+    queued = p.requests(lambda q: q.acquire_or_enqueue("k", Signal("s3", {"n": 3}), TTL))
+    assert queued == ["PutItem", "UpdateItem", "UpdateItem"]
+    # the dead-letter index: one Query per shard; redrive: the read, the dead letter's payload
+    # item given a fresh retention_s (one UpdateItem per item), and one write
+    assert p.requests(lambda q: q.dead_letter_keys()) == ["Query", "Query"]
+    assert p.requests(lambda q: q.redrive("k")) == ["GetItem", "UpdateItem", "UpdateItem"]
+    # [C4] an envelope retried after its lease ran out: as a claim
+    p.provider.adopt_orphans(TTL, 10, claim=False)
+    state = p.provider.inspect_key("k")
+    clock.now += TTL + 1
+    assert state.owner is not None and state.token is not None
+    claimed = p.requests(lambda q: q.claim_signal("k", str(state.owner), int(state.token), TTL))
+    assert claimed == ["GetItem", "BatchGetItem", "UpdateItem"]
+    # [L3] over a dead owner's in-flight signals: the refused blind grant, then [G5] + [G3]
+    clock.now += TTL + 1
+    taken = p.requests(lambda q: q.acquire_lease("k", "w0", TTL))
+    assert taken == ["UpdateItem", "UpdateItem"]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = _wall_ms()
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def _refused(provider: DynamoDBLeaseProvider, key: str, signal: Signal, max_queue: int) -> None:
+    with pytest.raises(QueueFull):
+        provider.acquire_or_enqueue(key, signal, TTL, max_queue=max_queue)
+
+
+def test_costs_of_a_retried_own_event_that_failed(make: Callable[..., Counted]) -> None:
+    """Pinned so docs/dynamodb.md stays true: a platform retry of an own event whose run failed
+    (requeue_owner=False) resumes its attempts from the failed done entry ([G6] [Q1] [Q2])."""
+    p = make()
+    first = p.provider.acquire_or_enqueue("k", Signal("o", {"n": 0}), TTL)
+    failed = p.requests(
+        lambda q: q.transfer_to_next(
+            "k", "o", TTL, token=first.token, error="x", requeue_owner=False
+        )
+    )
+    # the read, the completion and release in one write, the payload's deletion
+    assert failed == ["GetItem", "UpdateItem", "BatchWriteItem"]
+    results: list[Any] = []
+    # free key: payload, the blind grant refused on the resume tag, the grant from its snapshot
+    retry = p.requests(lambda q: results.append(q.acquire_or_enqueue("k", Signal("o", {}), TTL)))
+    assert retry == ["PutItem", "UpdateItem", "UpdateItem"]
+    assert (results[0].acquired, results[0].attempts) == (True, 1)
+    p.provider.transfer_to_next(
+        "k", "o", TTL, token=results[0].token, error="x", requeue_owner=False
+    )
+    p.provider.acquire_or_enqueue("k", Signal("h", {"n": 1}), TTL)
+    # held key: as any forward (the refused grant is the snapshot of the append)
+    queued = p.requests(lambda q: results.append(q.acquire_or_enqueue("k", Signal("o", {}), TTL)))
+    assert queued == ["PutItem", "UpdateItem", "UpdateItem"]
+    assert (results[1].acquired, results[1].position) == (False, 1)
+    assert [(s.id, s.attempts) for s in p.provider.inspect_key("k").queued] == [("o", 2)]

@@ -77,11 +77,11 @@ def test_burst_of_200_on_one_key_from_8_workers(backend_config: ProviderConfig) 
 ROUNDS = 10_000
 # moto answers about 140 small DynamoDB requests/s (its update-expression parser costs ~7 ms a
 # request) and fewer as the lease item grows: a key that completes thousands of signals carries
-# its completed-id memory (docs/dynamodb.md, up to 64 KiB) in every write. `make test` runs 500
-# rounds of the same race on DynamoDB (about 45 s); `make soak` runs the full count:
+# its completed-id memory (docs/dynamodb.md, up to 64 KiB) in every write. `make test` runs 200
+# rounds of the same race on DynamoDB (about 15 s); `make soak` runs the full count:
 #   LEASEGUARD_DYNAMODB_ROUNDS=10000 .venv/bin/pytest --timeout 7200 \
 #       tests/test_guard_processes.py -k "left_on_a_free_key and dynamodb"
-DYNAMODB_ROUNDS = int(os.environ.get("LEASEGUARD_DYNAMODB_ROUNDS", "500"))
+DYNAMODB_ROUNDS = int(os.environ.get("LEASEGUARD_DYNAMODB_ROUNDS", "200"))
 
 
 def _racer(source: Any, worker: int, rounds: int, keys: int, out: Any) -> None:

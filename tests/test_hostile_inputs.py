@@ -30,10 +30,11 @@ from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
 from leaseguard.providers.memory import InMemoryLeaseProvider
 from leaseguard.providers.redis import RedisLeaseProvider
 from leaseguard.testing import LambdaContext
+from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES
 
 REF = "ref:{1}"
 TTL = 30_000
-LIMIT = 256 * 1024  # the default max_payload_bytes
+LIMIT = DEFAULT_MAX_PAYLOAD_BYTES
 KIB10 = "k" * 10 * 1024
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from leaseguard.protocol.explore import Bounds, Explorer, check_model, main
+from leaseguard.protocol.explore import PRESETS, Bounds, Explorer, check_model, main
 from leaseguard.protocol.mutants import MUTANTS, HandoffKeepsToken, ReadThenEnqueue
 
 TINY = Bounds(events=2, faults=0, expiries=1, renews=0)
@@ -42,3 +42,21 @@ def test_there_are_at_least_five_mutants_and_they_have_distinct_names() -> None:
     assert len(MUTANTS) >= 5
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)
     assert any(m.model_class is ReadThenEnqueue for m in MUTANTS)
+
+
+def test_the_queue_family_mutants_are_caught_with_the_invariant_they_break() -> None:
+    """The bounded queue, halt and redrive rules are seen by the "queue" bounds (make test
+    runs the full search; here each mutant stops at its first violation)."""
+    expected = {
+        "bound-ignored": "(j)",
+        "halt-ignored": "(i)",
+        "redrive-drops": "(g)",
+        "full-forward-dropped": "(c)",
+    }
+    queue_mutants = {m.name: m for m in MUTANTS if m.family == "queue"}
+    assert set(queue_mutants) == set(expected)
+    for name, invariant in expected.items():
+        mutant = queue_mutants[name]
+        found = check_model(PRESETS["queue"], mutant.model(), mutant.rules)
+        assert found.violations == 1, name
+        assert found.message is not None and found.message.startswith(invariant), found.message

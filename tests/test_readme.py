@@ -1,9 +1,14 @@
-"""Every Python example in README.md runs, unchanged, and does what the text says."""
+"""Every Python example in README.md runs, unchanged, and does what the text says.
+
+The blocks are found by tests/test_docs.py's parser, so its markers (``<!-- not-run: ... -->``)
+apply here too, and each runs compiled at its own line of README.md, so a traceback names the
+README line that failed. tests/test_docs.py runs docs/*.md's examples and checks every link.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,13 +19,14 @@ from moto import mock_aws
 
 from leaseguard.config import provider_from_env
 from leaseguard.testing import LambdaContext
+from tests.test_docs import Block, python_blocks
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+BLOCKS = [b for b in python_blocks(README) if b.runs]
 
 
-def block(marker: str) -> str:
-    found = [b for b in BLOCKS if marker in b]
+def block(marker: str) -> Block:
+    found = [b for b in BLOCKS if marker in b.code]
     assert len(found) == 1, f"expected one README example containing {marker!r}"
     return found[0]
 
@@ -46,9 +52,9 @@ def memory_backend(monkeypatch: pytest.MonkeyPatch) -> Any:
     provider_from_env.cache_clear()
 
 
-def run(code: str, **names: Any) -> dict[str, Any]:
+def run(example: Block, **names: Any) -> dict[str, Any]:
     namespace: dict[str, Any] = {"__name__": "readme_example", **names}
-    exec(compile(code, str(README), "exec"), namespace)
+    exec(compile("\n" * (example.line - 1) + example.code, str(README), "exec"), namespace)
     return namespace
 
 
@@ -150,6 +156,7 @@ def test_fencing_example(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_contract_example(redis_url: str) -> None:
-    code = block("RedisLeaseProvider.from_url").replace("redis://localhost:6379/0", redis_url)
-    namespace = run(code)
+    example = block("RedisLeaseProvider.from_url")
+    code = example.code.replace("redis://localhost:6379/0", redis_url)
+    namespace = run(dataclasses.replace(example, code=code))
     assert namespace["provider"].get_lease_owner("order:17") is None  # released at the end

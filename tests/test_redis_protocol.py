@@ -19,12 +19,14 @@ import pytest
 
 from leaseguard import LeaseLostError, Signal
 from leaseguard.contract import LeaseResult
+from leaseguard.errors import QueueFull
 from leaseguard.protocol.model import DEDUPE_WINDOW_MS, DONE_LIMIT, TOKEN_MEMORY_MS
 from leaseguard.providers import redis as lg_redis
 from leaseguard.providers.redis import RedisLeaseProvider
-from leaseguard.signals import DeadLetter
+from leaseguard.signals import DeadLetter, KeyState
 
 from .conftest import ProviderFactory
+from .differential import Op, T, redis_side, replay
 from .faults import Rig, proxied_rig
 
 TTL = 30_000
@@ -244,6 +246,107 @@ def test_max_attempts_one_dead_letters_at_once_and_the_key_is_released(
     assert provider.acquire_or_enqueue(k, sig("own"), TTL) == LeaseResult(False, None, None)
 
 
+def test_an_own_event_failing_without_requeue_resumes_its_attempts_on_each_retry(
+    provider: RedisLeaseProvider,
+) -> None:
+    """[G6] [Q1]: the owner's own event failing with requeue_owner=False is removed (the
+    platform retries it) with its count in the done memory; each retry resumes the count
+    (LeaseResult.attempts), and at max_attempts it is dead-lettered with its payload."""
+    k = new_key()
+    payload = {"order": 7, "items": ["ü", None]}
+    first = provider.acquire_or_enqueue(k, sig("own", payload), TTL)
+    assert (first.acquired, first.owner, first.attempts) == (True, "own", 0)
+    token = first.token
+    for attempt, error in enumerate(("e1", "e2"), start=1):
+        assert (
+            provider.transfer_to_next(k, "own", TTL, token=token, error=error, requeue_owner=False)
+            is None
+        )
+        state = provider.inspect_key(k)
+        assert (state.owner, state.queued, state.in_flight, state.dead_letters) == (
+            None,
+            (),
+            (),
+            (),
+        )
+        retried = provider.acquire_or_enqueue(k, sig("own", payload), TTL)
+        assert retried.acquired and retried.token is not None and token is not None
+        assert retried.token > token
+        assert retried == LeaseResult(True, "own", retried.token, attempts=attempt)
+        token = retried.token
+    # The third failed run reaches max_attempts (3): dead-lettered, not left to the platform.
+    assert (
+        provider.transfer_to_next(k, "own", TTL, token=token, error="e3", requeue_owner=False)
+        is None
+    )
+    state = provider.inspect_key(k)
+    assert (state.owner, state.queued, state.in_flight) == (None, (), ())
+    assert [replace(d, failed_at_ms=0) for d in state.dead_letters] == [
+        DeadLetter("own", payload, 3, "e3", 1, 0)
+    ]
+    assert provider.client.zscore(provider.redis_keys(k)[10], k) == 0  # dead-letter index
+    # Its next retry is a duplicate of a dead letter.
+    assert provider.acquire_or_enqueue(k, sig("own", payload), TTL) == LeaseResult(
+        False, None, None
+    )
+
+
+def test_a_retried_own_event_queued_behind_a_holder_keeps_its_count(
+    provider: RedisLeaseProvider,
+) -> None:
+    """[Q2] [Q6]: a retry that finds the key held is queued with the resumed count, and is
+    handed it (or granted an orphaned key) with that count; a success forgets it."""
+    k = new_key()
+    held = provider.acquire_or_enqueue(k, sig("own"), TTL)
+    provider.acquire_or_enqueue(k, sig("s1"), TTL)
+    nxt = provider.transfer_to_next(
+        k, "own", TTL, token=held.token, error="boom", max_attempts=2, requeue_owner=False
+    )
+    assert nxt is not None and (nxt.id, nxt.attempts) == ("s1", 0)
+    assert provider.acquire_or_enqueue(k, sig("own"), TTL) == LeaseResult(
+        False, "s1", nxt.token, position=1
+    )
+    assert [(s.id, s.attempts) for s in provider.inspect_key(k).queued] == [("own", 1)]
+    handed = provider.transfer_to_next(k, "s1", TTL, token=nxt.token)
+    assert handed is not None and (handed.id, handed.attempts) == ("own", 1)
+    # A second failure reaches max_attempts=2: dead-lettered.
+    assert (
+        provider.transfer_to_next(
+            k, "own", TTL, token=handed.token, error="x", max_attempts=2, requeue_owner=False
+        )
+        is None
+    )
+    assert [(d.id, d.attempts) for d in provider.inspect_key(k).dead_letters] == [("own", 2)]
+
+    # [Q6]: the retry finds an orphaned key whose head is itself: granted with its count.
+    k2 = new_key()
+    first = provider.acquire_or_enqueue(k2, sig("own"), TTL)
+    provider.transfer_to_next(k2, "own", TTL, token=first.token, error="e", requeue_owner=False)
+    holder = provider.acquire_lease(k2, "w", TTL)
+    provider.acquire_or_enqueue(k2, sig("own"), TTL)
+    provider.take_signals(k2, "w", 1, token=holder.token)
+    assert provider.renew_lease(k2, "w", 1, token=holder.token)
+    time.sleep(0.05)
+    again = provider.acquire_or_enqueue(k2, sig("own"), TTL)  # G5 counts the dead run too
+    assert again == LeaseResult(True, "own", again.token, attempts=2)
+    assert provider.transfer_to_next(k2, "own", TTL, token=again.token) is None
+    # Completed: remembered as done (a duplicate), the count forgotten.
+    assert provider.acquire_or_enqueue(k2, sig("own"), TTL) == LeaseResult(False, None, None)
+
+
+def test_a_lost_grant_of_a_retried_own_event_resent_carries_its_attempts(rig: Rig) -> None:
+    """[Q7]: the resend of a Q1 grant answers the same grant, with the same attempts."""
+    k = new_key()
+    first = rig.direct.acquire_or_enqueue(k, sig("own"), TTL)
+    rig.direct.transfer_to_next(k, "own", TTL, token=first.token, error="e", requeue_owner=False)
+    drop = rig.lose_reply(lg_redis.ACQUIRE_OR_ENQUEUE_LUA)
+    result = rig.provider.acquire_or_enqueue(k, sig("own"), TTL)
+    assert result == LeaseResult(True, "own", result.token, attempts=1)
+    assert drop.dropped and [int(x) for x in drop.dropped[0][2:]] == [result.token, 1]
+    assert rig.replies(lg_redis.ACQUIRE_OR_ENQUEUE_LUA)[-1] == drop.dropped[0]
+    assert rig.direct.inspect_key(k).in_flight == ("own",)
+
+
 def test_attempts_come_back_on_claims_and_adoptions(provider: RedisLeaseProvider) -> None:
     k = new_key()
     held = provider.acquire_lease(k, "owner", TTL)
@@ -253,11 +356,12 @@ def test_attempts_come_back_on_claims_and_adoptions(provider: RedisLeaseProvider
     assert grant is not None and grant.token is not None and grant.attempts == 1
     claimed = provider.claim_signal(k, "s1", grant.token, TTL)
     assert claimed is not None and claimed.attempts == 1
-    # s1 dies holding the key: the sweeper adopts it with its attempts.
+    # s1 dies holding the key: the sweeper adopts it with one more attempt (G5: a run that
+    # never finished counts).
     assert provider.renew_lease(k, "s1", 1, token=grant.token)
     time.sleep(0.05)
     adopted = [s for key, s in provider.adopt_orphans(TTL, 1000) if key == k]
-    assert [(s.id, s.attempts) for s in adopted] == [("s1", 1)]
+    assert [(s.id, s.attempts) for s in adopted] == [("s1", 2)]
 
 
 # -- completed-id memory [G2] / [Q5] ------------------------------------------------------------
@@ -293,7 +397,7 @@ def test_the_done_memory_keeps_the_newest_done_limit_ids(provider: RedisLeasePro
     held = provider.acquire_lease(k, "owner", TTL)
     ids = [f"s{n}" for n in range(DONE_LIMIT + 1)]
     for name in ids:
-        provider.acquire_or_enqueue(k, sig(name), TTL)
+        provider.acquire_or_enqueue(k, sig(name), TTL, max_queue=len(ids))
     assert len(provider.take_signals(k, "owner", DONE_LIMIT + 1, token=held.token)) == len(ids)
     assert provider.transfer_to_next(k, "owner", TTL, token=held.token) is None
     # 1002 completed (the 1001 taken, then the owner): the two oldest are forgotten.
@@ -386,3 +490,508 @@ def test_a_resend_after_the_handed_to_owner_expired_is_recognised(
 
 
 # -- the model, call for call -------------------------------------------------------------------
+
+
+def expire_lease(provider: RedisLeaseProvider, key: str) -> None:
+    """The key's current owner dies: its lease runs out now (the lease hash expires with it)."""
+    state = provider.inspect_key(key)
+    assert state.owner is not None
+    assert provider.renew_lease(key, state.owner, 1, token=state.token)
+    time.sleep(0.02)
+    assert provider.inspect_key(key).owner is None
+
+
+def orphan_indexed(provider: RedisLeaseProvider, key: str) -> bool:
+    return provider.client.zscore(provider.redis_keys(key)[4], key) is not None
+
+
+def hash_tag(name: str) -> str:
+    return name[name.index("{") + 1 : name.index("}")]
+
+
+def without_deadline(state: KeyState) -> KeyState:
+    return replace(state, remaining_ms=None)
+
+
+# -- backpressure [Q8] --------------------------------------------------------------------------
+
+
+def test_a_forward_into_a_full_queue_is_refused_and_stores_nothing(
+    provider: RedisLeaseProvider,
+) -> None:
+    k = new_key()
+    held = provider.acquire_lease(k, "owner", TTL)
+    assert provider.acquire_or_enqueue(k, sig("s1"), TTL, max_queue=2).position == 1
+    assert provider.acquire_or_enqueue(k, sig("s2"), TTL, max_queue=2).position == 2
+    before = provider.inspect_key(k)
+    with pytest.raises(QueueFull) as refused:
+        provider.acquire_or_enqueue(k, sig("s3"), TTL, max_queue=2)
+    full = refused.value
+    assert (full.key, full.depth, full.limit, full.holder) == (k, 2, 2, "owner")
+    assert without_deadline(provider.inspect_key(k)) == without_deadline(before)
+    assert provider.pending_signals(k) == 2
+    # Not Q8: an id already queued keeps its place [Q3], a duplicate is a duplicate [Q5].
+    assert provider.acquire_or_enqueue(k, sig("s2"), TTL, max_queue=1).position == 2
+    assert provider.acquire_or_enqueue(k, sig("owner"), TTL, max_queue=1) == LeaseResult(
+        False, "owner", held.token
+    )  # [Q4] a second delivery of the owner
+    # Room again: queued [Q2].
+    provider.take_signals(k, "owner", 1, token=held.token)
+    assert provider.acquire_or_enqueue(k, sig("s3"), TTL, max_queue=2).position == 2
+
+
+def test_the_providers_max_queue_is_the_default_bound(
+    make_provider: ProviderFactory, backend: str
+) -> None:
+    provider = make_provider(backend)(max_queue=1)
+    assert isinstance(provider, RedisLeaseProvider)
+    k = new_key()
+    assert provider.acquire_or_enqueue(k, sig("s1"), TTL).acquired  # [Q1] needs no room
+    assert provider.acquire_or_enqueue(k, sig("s2"), TTL).position == 1
+    with pytest.raises(QueueFull) as refused:
+        provider.acquire_or_enqueue(k, sig("s3"), TTL)
+    assert (refused.value.depth, refused.value.limit, refused.value.holder) == (1, 1, "s1")
+    assert provider.acquire_or_enqueue(k, sig("s3"), TTL, max_queue=2).position == 2
+
+
+def test_a_full_orphaned_key_is_refused_before_its_work_is_requeued(
+    provider: RedisLeaseProvider,
+) -> None:
+    """[Q8] before [Q6]: no G5 (the dead owner's signal keeps its attempts), no grant."""
+    k = new_key()
+    assert provider.acquire_or_enqueue(k, sig("s1"), TTL).acquired
+    provider.acquire_or_enqueue(k, sig("s2"), TTL)
+    expire_lease(provider, k)
+    before = provider.inspect_key(k)
+    with pytest.raises(QueueFull) as refused:
+        provider.acquire_or_enqueue(k, sig("s3"), TTL, max_queue=1)
+    assert (refused.value.depth, refused.value.holder) == (1, None)
+    assert provider.inspect_key(k) == before
+    # A known id is not refused: [Q6], the dead owner's signal first, one more attempt (G5).
+    result = provider.acquire_or_enqueue(k, sig("s2"), TTL, max_queue=1)
+    assert result.acquired and result.owner == "s1"
+    assert result.adopted is not None and (result.adopted.id, result.adopted.attempts) == ("s1", 1)
+
+
+# -- halting [G6] [N1] [Q9] [D4] ----------------------------------------------------------------
+
+
+def halted_key(provider: RedisLeaseProvider) -> str:
+    """s1 owned the key and failed for good under on_poison="halt"; s2, s3 were queued."""
+    k = new_key()
+    held = provider.acquire_or_enqueue(k, sig("s1"), TTL)
+    provider.acquire_or_enqueue(k, sig("s2"), TTL)
+    provider.acquire_or_enqueue(k, sig("s3"), TTL)
+    released = provider.transfer_to_next(
+        k, "s1", TTL, token=held.token, error="poison", max_attempts=1, on_poison="halt"
+    )
+    assert released is None  # [N1] with signals queued: the key is halted
+    return k
+
+
+def test_a_halting_failure_releases_the_key_with_its_queue_kept(
+    provider: RedisLeaseProvider,
+) -> None:
+    k = halted_key(provider)
+    state = provider.inspect_key(k)
+    assert (state.owner, state.in_flight, state.halted) == (None, (), True)
+    assert [s.id for s in state.queued] == ["s2", "s3"]
+    assert [(d.id, d.attempts, d.error) for d in state.dead_letters] == [("s1", 1, "poison")]
+    assert k in provider.dead_letter_keys(1000)
+    # [D4] the sweeper adopts nothing, and the orphan index does not list the key at all.
+    assert not orphan_indexed(provider, k)
+    assert [key for key, _ in provider.adopt_orphans(TTL, 1000)].count(k) == 0
+    assert provider.inspect_key(k) == state
+    # The halt outlives the released lease hash: it is not in it.
+    provider.client.delete(provider.redis_keys(k)[0])
+    assert provider.inspect_key(k).halted
+
+
+def test_skip_and_failures_that_dead_letter_nothing_do_not_halt(
+    provider: RedisLeaseProvider,
+) -> None:
+    k = new_key()
+    held = provider.acquire_or_enqueue(k, sig("s1"), TTL)
+    provider.acquire_or_enqueue(k, sig("s2"), TTL)
+    retried = provider.transfer_to_next(k, "s1", TTL, token=held.token, error="e", on_poison="halt")
+    assert retried is not None and (retried.id, retried.attempts) == ("s1", 1)  # attempts < 3
+    assert not provider.inspect_key(k).halted
+    nxt = provider.transfer_to_next(k, "s1", TTL, token=retried.token, error="e", max_attempts=1)
+    assert nxt is not None and nxt.id == "s2"  # skip: the key moves on
+    assert not provider.inspect_key(k).halted
+
+
+def test_events_for_a_halted_key_queue_behind_the_dead_letter(
+    provider: RedisLeaseProvider,
+) -> None:
+    """[Q9]: not acquired, no holder, a position; again: the same position; [Q5] still first."""
+    k = halted_key(provider)
+    assert provider.acquire_or_enqueue(k, sig("s4"), TTL) == LeaseResult(
+        False, None, None, position=3
+    )
+    assert provider.acquire_or_enqueue(k, sig("s4"), TTL).position == 3
+    assert provider.acquire_or_enqueue(k, sig("s2"), TTL).position == 1
+    assert provider.acquire_or_enqueue(k, sig("s1"), TTL) == LeaseResult(False, None, None)
+    with pytest.raises(QueueFull) as refused:  # [Q8] before [Q9]
+        provider.acquire_or_enqueue(k, sig("s5"), TTL, max_queue=3)
+    assert (refused.value.depth, refused.value.holder) == (3, None)
+    state = provider.inspect_key(k)
+    assert (state.owner, state.halted) == (None, True)
+    assert [s.id for s in state.queued] == ["s2", "s3", "s4"]
+    assert not orphan_indexed(provider, k)
+
+
+def test_a_halted_key_requeues_a_dead_owners_signals_on_the_next_event(
+    provider: RedisLeaseProvider,
+) -> None:
+    """A plain owner took a signal of the halted key and died: [D4] leaves it, [Q9] requeues it
+    (G5, one more attempt) and still grants nothing."""
+    k = halted_key(provider)
+    worker = provider.acquire_lease(k, "w", TTL)  # [L3]: a halted key is free
+    assert [s.id for s in provider.take_signals(k, "w", 1, token=worker.token)] == ["s2"]
+    expire_lease(provider, k)
+    assert k not in [key for key, _ in provider.adopt_orphans(TTL, 1000)]
+    assert provider.inspect_key(k).in_flight == ("s2",)
+    assert provider.acquire_or_enqueue(k, sig("s4"), TTL) == LeaseResult(
+        False, None, None, position=3
+    )
+    state = provider.inspect_key(k)
+    assert [(s.id, s.attempts) for s in state.queued] == [("s2", 1), ("s3", 0), ("s4", 0)]
+    assert (state.owner, state.in_flight, state.halted) == (None, (), True)
+
+
+def test_a_plain_owner_of_a_halted_key_releases_it_with_a_queue(
+    provider: RedisLeaseProvider,
+) -> None:
+    """[N1] while halted, whatever is queued."""
+    k = halted_key(provider)
+    worker = provider.acquire_lease(k, "w", TTL)
+    assert provider.transfer_to_next(k, "w", TTL, token=worker.token) is None
+    state = provider.inspect_key(k)
+    assert (state.owner, len(state.queued), state.halted) == (None, 2, True)
+
+
+# -- claiming an expired grant again [C4] -------------------------------------------------------
+
+
+def handed_off(provider: RedisLeaseProvider) -> tuple[str, Signal]:
+    """An envelope grant of s1 (s2 queued behind it), not claimed yet."""
+    k = new_key()
+    held = provider.acquire_lease(k, "a", TTL)
+    provider.acquire_or_enqueue(k, sig("s1"), TTL)
+    provider.acquire_or_enqueue(k, sig("s2"), TTL)
+    grant = provider.transfer_to_next(k, "a", TTL, claim=False, token=held.token)
+    assert grant is not None and grant.id == "s1" and grant.token is not None
+    return k, grant
+
+
+@pytest.mark.parametrize("claimed_first", [True, False])
+def test_an_envelope_retried_after_its_grant_expired_runs_it_again(
+    provider: RedisLeaseProvider, claimed_first: bool
+) -> None:
+    """[C4]: the receiver that claimed it died (or the envelope came after the lease ran out):
+    the retry gets the signal under a new token, with one more attempt (G5)."""
+    k, grant = handed_off(provider)
+    assert grant.token is not None
+    if claimed_first:
+        first = provider.claim_signal(k, "s1", grant.token, TTL)
+        assert first is not None and first.token == grant.token  # [C1]
+        assert provider.claim_signal(k, "s1", grant.token, TTL) is None  # [C2]
+    expire_lease(provider, k)
+    again = provider.claim_signal(k, "s1", grant.token, TTL)
+    assert again is not None and (again.id, again.payload, again.attempts) == (
+        "s1",
+        {"id": "s1"},
+        1,
+    )
+    assert again.token is not None and again.token > grant.token
+    state = provider.inspect_key(k)
+    assert (state.owner, state.token, state.in_flight) == ("s1", again.token, ("s1",))
+    assert [s.id for s in state.queued] == ["s2"]
+    # The old envelope again, or with the new token: [C3] / [C2].
+    assert provider.claim_signal(k, "s1", grant.token, TTL) is None
+    assert provider.claim_signal(k, "s1", again.token, TTL) is None
+    # The new run completes as usual.
+    nxt = provider.transfer_to_next(k, "s1", TTL, token=again.token)
+    assert nxt is not None and nxt.id == "s2"
+
+
+def test_c4_needs_the_last_token_and_the_signal_first_in_flight(
+    provider: RedisLeaseProvider,
+) -> None:
+    k, grant = handed_off(provider)
+    assert grant.token is not None
+    expire_lease(provider, k)
+    assert provider.claim_signal(k, "s1", grant.token - 1, TTL) is None  # an older token
+    assert provider.claim_signal(k, "s2", grant.token, TTL) is None  # queued, not in flight
+    # Adopted by the sweeper first (a new grant): the old envelope is stale.
+    assert [key for key, _ in provider.adopt_orphans(TTL, 1000)].count(k) == 1
+    assert provider.claim_signal(k, "s1", grant.token, TTL) is None
+
+
+def test_c4_does_not_apply_to_a_halted_key(provider: RedisLeaseProvider) -> None:
+    """A plain owner of a halted key took s2 and died under token tw: on a running key, s2
+    first in flight with t = tw would be [C4]; halted, nothing is granted."""
+    k = halted_key(provider)
+    worker = provider.acquire_lease(k, "w", TTL)
+    assert worker.token is not None
+    provider.take_signals(k, "w", 1, token=worker.token)
+    expire_lease(provider, k)
+    assert provider.claim_signal(k, "s2", worker.token, TTL) is None
+    state = provider.inspect_key(k)
+    assert (state.owner, state.in_flight, state.halted) == (None, ("s2",), True)
+
+
+def test_a_lost_c4_reply_resent_gets_the_same_grant(rig: Rig) -> None:
+    """[C4] again while w = this call's nonce: the same token, one attempt counted, not two."""
+    k, grant = handed_off(rig.direct)
+    assert grant.token is not None
+    expire_lease(rig.direct, k)
+    drop = rig.lose_reply(lg_redis.CLAIM_SIGNAL_LUA)
+    again = rig.provider.claim_signal(k, "s1", grant.token, TTL)
+    assert again is not None and again.token is not None and again.attempts == 1
+    assert drop.dropped and int(drop.dropped[0][3]) == again.token
+    replies = rig.replies(lg_redis.CLAIM_SIGNAL_LUA)
+    assert len(replies) == 2 and replies[0] == replies[1]
+    state = rig.direct.inspect_key(k)
+    assert (state.owner, state.token, state.in_flight) == ("s1", again.token, ("s1",))
+
+
+def test_a_lost_c1_reply_resent_gets_the_same_claim(rig: Rig) -> None:
+    k, grant = handed_off(rig.direct)
+    assert grant.token is not None
+    rig.lose_reply(lg_redis.CLAIM_SIGNAL_LUA)
+    claimed = rig.provider.claim_signal(k, "s1", grant.token, TTL)
+    assert claimed is not None and (claimed.token, claimed.attempts) == (grant.token, 0)
+    assert rig.direct.claim_signal(k, "s1", grant.token, TTL) is None  # [C2] another call
+
+
+# -- redrive [V1] [V2] and the dead-letter index ------------------------------------------------
+
+
+def two_dead_letters(provider: RedisLeaseProvider, *, halt: bool = True) -> str:
+    """s1 and s2 died (in that order) under a plain owner; s3 is queued; the key is free."""
+    k = new_key()
+    held = provider.acquire_lease(k, "a", TTL)
+    for name in ("s1", "s2", "s3"):
+        provider.acquire_or_enqueue(k, sig(name), TTL)
+    provider.take_signals(k, "a", 2, token=held.token)
+    nxt = provider.transfer_to_next(
+        k,
+        "a",
+        TTL,
+        token=held.token,
+        error="bad",
+        max_attempts=1,
+        on_poison="halt" if halt else "skip",
+    )
+    if nxt is not None:  # skip: s3 owns; let it finish
+        provider.transfer_to_next(k, nxt.id, TTL, token=nxt.token)
+    return k
+
+
+def test_redrive_all_puts_the_dead_letters_first_and_resumes_the_key(
+    provider: RedisLeaseProvider,
+) -> None:
+    k = two_dead_letters(provider)
+    assert provider.inspect_key(k).halted and k in provider.dead_letter_keys()
+    assert provider.redrive(k) == 2  # [V1]
+    state = provider.inspect_key(k)
+    assert [(s.id, s.attempts, s.payload) for s in state.queued] == [
+        ("s1", 0, {"id": "s1"}),
+        ("s2", 0, {"id": "s2"}),
+        ("s3", 0, {"id": "s3"}),
+    ]
+    assert (state.owner, state.dead_letters, state.halted) == (None, (), False)
+    assert k not in provider.dead_letter_keys(1000)
+    assert provider.redrive(k) == 0  # [V2] a resend: nothing moves
+    assert provider.inspect_key(k) == state
+    # A free key with work is orphaned: the sweeper runs the head.
+    assert orphan_indexed(provider, k)
+    adopted = [s for key, s in provider.adopt_orphans(TTL, 1000) if key == k]
+    assert [(s.id, s.attempts) for s in adopted] == [("s1", 0)]
+
+
+def test_redrive_of_some_ids_keeps_the_others_in_order(provider: RedisLeaseProvider) -> None:
+    k = two_dead_letters(provider, halt=False)
+    assert not provider.inspect_key(k).halted
+    assert provider.redrive(k, ["s1", "nope"]) == 1
+    state = provider.inspect_key(k)
+    assert [s.id for s in state.queued] == ["s1"] and state.owner is None
+    assert [d.id for d in state.dead_letters] == ["s2"]
+    assert k in provider.dead_letter_keys()
+    assert provider.redrive(k, ["s1"]) == 0  # [V2]
+    # s1 runs (a new event takes the orphaned key, Q6) and dies again: it is the newest dead
+    # letter, after s2 (the dead letters' order survives a partial redrive).
+    result = provider.acquire_or_enqueue(k, sig("s4"), TTL)
+    assert result.acquired and result.owner == "s1" and result.token is not None
+    provider.transfer_to_next(
+        k, "s1", TTL, token=result.token, error="again", max_attempts=1, requeue_owner=True
+    )
+    assert [d.id for d in provider.inspect_key(k).dead_letters] == ["s2", "s1"]
+    assert provider.redrive(k, ["s1", "s2"]) == 2
+    assert [s.id for s in provider.inspect_key(k).queued][:2] == ["s2", "s1"]
+    assert k not in provider.dead_letter_keys(1000)
+
+
+def test_redrive_of_a_held_key_queues_behind_the_owner(provider: RedisLeaseProvider) -> None:
+    k = two_dead_letters(provider)
+    worker = provider.acquire_lease(k, "w", TTL)
+    assert provider.redrive(k, ("s2",)) == 1
+    state = provider.inspect_key(k)
+    assert (state.owner, [s.id for s in state.queued], state.halted) == ("w", ["s2", "s3"], False)
+    nxt = provider.transfer_to_next(k, "w", TTL, token=worker.token)
+    assert nxt is not None and (nxt.id, nxt.attempts) == ("s2", 0)
+
+
+def test_redrive_of_a_key_without_dead_letters_changes_nothing(
+    provider: RedisLeaseProvider,
+) -> None:
+    k = new_key()
+    assert provider.redrive(k) == 0
+    provider.acquire_lease(k, "a", TTL)
+    assert provider.redrive(k, ["x"]) == 0
+    assert provider.inspect_key(k).owner == "a"
+    assert k not in provider.dead_letter_keys(1000)
+
+
+def test_the_dead_letter_index_lists_the_keys_with_dead_letters(
+    provider: RedisLeaseProvider,
+) -> None:
+    """One index per slot on Cluster (like the orphan index), in the key's own slot, so each
+    script keeps it in step; dead_letter_keys reads the indexes, never the keyspace."""
+    keys = [f"dl {n} {{{uuid.uuid4().hex[:6]}}}" for n in range(6)]
+    for k in keys[:5]:
+        held = provider.acquire_or_enqueue(k, sig("s1"), TTL)
+        provider.transfer_to_next(k, "s1", TTL, token=held.token, error="x", max_attempts=1)
+    clean = provider.acquire_or_enqueue(keys[5], sig("s1"), TTL)
+    provider.transfer_to_next(keys[5], "s1", TTL, token=clean.token)
+    assert provider.dead_letter_keys(1000) == sorted(keys[:5])
+    assert provider.dead_letter_keys(2) == sorted(keys[:5])[:2]
+    for k in keys[:5]:
+        index, lease = provider.redis_keys(k)[10], provider.redis_keys(k)[0]
+        assert provider.client.zscore(index, k) == 0
+        if provider.cluster:  # the key's slot's own index
+            assert lg_redis.key_slot(hash_tag(index)) == lg_redis.key_slot(hash_tag(lease))
+        else:
+            assert index == f"{provider.prefix}deadindex"
+    if provider.cluster:
+        slots = {lg_redis.key_slot(lg_redis.escape_key(k)) for k in keys[:5]}
+        assert len(slots) > 1  # several indexes
+    assert provider.redrive(keys[0]) == 1
+    assert provider.dead_letter_keys(1000) == sorted(keys[1:5])
+
+
+def test_the_state_hash_goes_when_nothing_needs_it(provider: RedisLeaseProvider) -> None:
+    """h and g outlive an expired lease hash, but a key with no work that is not halted keeps
+    no state hash (no key left behind without a TTL)."""
+    k = two_dead_letters(provider)
+    state_key = provider.redis_keys(k)[9]
+    assert provider.client.hget(state_key, "h") == b"1"
+    assert provider.redrive(k) == 2
+    assert provider.client.hget(state_key, "h") is None
+    ((_, head),) = [(key, s) for key, s in provider.adopt_orphans(TTL, 1000) if key == k]
+    assert (
+        head.token is not None and provider.client.hget(state_key, "g") == str(head.token).encode()
+    )
+    token, owner = head.token, head.id
+    for _ in range(3):
+        nxt = provider.transfer_to_next(k, owner, TTL, token=token)
+        if nxt is None:
+            break
+        assert nxt.token is not None
+        owner, token = nxt.id, nxt.token
+    assert provider.inspect_key(k).queued == ()
+    assert not provider.client.exists(state_key)
+
+
+# -- the new rows against the model, call for call (resends included) ---------------------------
+
+POISON = {"error": "boom", "requeue_owner": True, "max_attempts": 1, "on_poison": "halt"}
+OWN = {"error": "own", "requeue_owner": False, "max_attempts": 3, "on_poison": "skip"}
+SCRIPTED: dict[str, list[Op]] = {
+    "Q8": [
+        Op("acquire_lease", "k0", owner="w0"),
+        Op("acquire_or_enqueue", "k0", id="s1", v=1, max_queue=1),
+        Op("acquire_or_enqueue", "k0", id="s2", v=2, max_queue=1),
+        Op("acquire_or_enqueue", "k0", id="s2", v=2, max_queue=1, resend=True),
+        Op("acquire_or_enqueue", "k0", id="s1", v=1, max_queue=1),
+        Op("expire", "k0"),
+        Op("acquire_or_enqueue", "k0", id="s3", v=3, max_queue=1),
+        Op("acquire_or_enqueue", "k0", id="s1", v=1, max_queue=1, resend=True),
+    ],
+    "halt N1 Q9 D4 V1": [
+        Op("acquire_or_enqueue", "k0", id="s1", v=1),
+        Op("acquire_or_enqueue", "k0", id="s2", v=2),
+        Op("transfer_to_next", "k0", owner="s1", claim=True, token=T(0), failure=POISON),
+        Op("transfer_to_next", "k0", owner="s1", claim=True, token=T(0), resend=True),
+        Op("acquire_or_enqueue", "k0", id="s3", v=3, resend=True),
+        Op("adopt_orphans", "k0", claim=False),
+        Op("acquire_lease", "k0", owner="w0"),
+        Op("take_signals", "k0", owner="w0", limit=1, token=T(1)),
+        Op("expire", "k0"),
+        Op("adopt_orphans", "k0", claim=True),
+        Op("claim_signal", "k0", owner="s2", token=T(1)),
+        Op("acquire_or_enqueue", "k0", id="s4", v=4),
+        Op("dead_letter_keys", "k0"),
+        Op("redrive", "k0", ids=("s1",), resend=True),
+        Op("adopt_orphans", "k0", claim=True, resend=True),
+        Op("dead_letter_keys", "k0"),
+    ],
+    "C4": [
+        Op("acquire_lease", "k0", owner="w0"),
+        Op("acquire_or_enqueue", "k0", id="s1", v=1),
+        Op("acquire_or_enqueue", "k0", id="s2", v=2),
+        Op("transfer_to_next", "k0", owner="w0", claim=False, token=T(0)),
+        Op("claim_signal", "k0", owner="s1", token=T(1), resend=True),
+        Op("expire", "k0"),
+        Op("claim_signal", "k0", owner="s1", token=T(1), resend=True),
+        Op("claim_signal", "k0", owner="s1", token=T(1)),
+        Op("expire", "k0"),
+        Op("claim_signal", "k0", owner="s1", token=T(2)),
+        Op("transfer_to_next", "k0", owner="s1", claim=False, token=T(3)),
+    ],
+    "G6 own attempts Q1 Q2 Q7": [
+        Op("acquire_or_enqueue", "k0", id="s1", v=1),
+        Op("acquire_or_enqueue", "k0", id="s2", v=2),
+        Op("take_signals", "k0", owner="s1", limit=1, token=T(0)),
+        Op("transfer_to_next", "k0", owner="s1", claim=True, token=T(0), failure=OWN),
+        Op("acquire_or_enqueue", "k0", id="s1", v=1, resend=True),
+        Op("transfer_to_next", "k0", owner="s2", claim=True, token=T(1), failure=OWN),
+        Op("acquire_or_enqueue", "k0", id="s2", v=2, resend=True),
+        Op("transfer_to_next", "k0", owner="s1", claim=True, token=T(2), failure=OWN),
+        Op("transfer_to_next", "k0", owner="s2", claim=True, token=T(3), failure=OWN),
+        Op("acquire_or_enqueue", "k0", id="s2", v=2, resend=True),
+        Op("acquire_or_enqueue", "k0", id="s2", v=2),
+        Op("acquire_or_enqueue", "k0", id="s1", v=1, resend=True),
+        Op("transfer_to_next", "k0", owner="s1", claim=True, token=T(4), failure=OWN),
+    ],
+    "V1 V2 index": [
+        Op("acquire_or_enqueue", "k0", id="s1", v=1),
+        Op("transfer_to_next", "k0", owner="s1", claim=True, token=T(0), failure=POISON),
+        Op("acquire_or_enqueue", "k1", id="s2", v=2),
+        Op("acquire_or_enqueue", "k1", id="s3", v=3),
+        Op("take_signals", "k1", owner="s2", limit=1, token=T(0)),
+        Op(
+            "transfer_to_next",
+            "k1",
+            owner="s2",
+            claim=True,
+            token=T(0),
+            failure={**POISON, "on_poison": "skip"},
+        ),
+        Op("dead_letter_keys", "k0"),
+        Op("redrive", "k1", ids=("s3",), resend=True),
+        Op("dead_letter_keys", "k0"),
+        Op("redrive", "k0", resend=True),
+        Op("redrive", "k1"),
+        Op("dead_letter_keys", "k0"),
+        Op("acquire_or_enqueue", "k0", id="s4", v=4),
+        Op("acquire_or_enqueue", "k1", id="s4", v=4),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTED))
+def test_the_new_rows_agree_with_the_model(provider: RedisLeaseProvider, name: str) -> None:
+    assert replay(SCRIPTED[name], redis_side(provider.client)) == []

@@ -16,6 +16,7 @@ script on a server is EVALSHA -> NOSCRIPT -> SCRIPT LOAD -> EVALSHA, which
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from leaseguard import LeaseLostError, Signal
+from leaseguard.errors import QueueFull
 from leaseguard.providers.redis import RedisLeaseProvider
 from leaseguard.testing import RedisClusterServers, RedisServer
 
@@ -189,6 +191,7 @@ def exercise_every_script(provider: RedisLeaseProvider, key: str) -> None:
     provider.get_lease_owner(key)
     provider.pending_signals(key)
     provider.release_lease(key, handed.id)
+    provider.redrive(key)
 
 
 def _start_rig(servers: RedisServer | RedisClusterServers) -> Iterator[Rig]:
@@ -358,7 +361,22 @@ def test_a_failure_report_is_one_round_trip(rig: Rig, key: str) -> None:
     )
     assert handed is not None and handed.id == "s2" and handed.attempts == 1
     state = rig.watch.one(lambda: rig.provider.inspect_key(key))
-    assert [s.id for s in state.queued] == ["s3"] and state.dead_letters == ()
+    assert [s.id for s in state.queued] == ["s3"]
+    # s1's own signal reached max_attempts: dead-lettered even with requeue_owner=False
+    assert [(d.id, d.attempts) for d in state.dead_letters] == [("s1", 2)]
+
+
+def test_a_retry_resuming_its_attempts_is_one_round_trip(rig: Rig, key: str) -> None:
+    """[G6] [Q1]: the owner's own failed count is kept in the done memory and read back by the
+    same acquire_or_enqueue script that grants the retry."""
+    held = rig.provider.acquire_or_enqueue(key, Signal("s1", 1), TTL)
+    rig.watch.one(
+        lambda: rig.provider.transfer_to_next(
+            key, "s1", TTL, token=held.token, error="x", requeue_owner=False
+        )
+    )
+    again = rig.watch.one(lambda: rig.provider.acquire_or_enqueue(key, Signal("s1", 1), TTL))
+    assert (again.acquired, again.owner, again.attempts) == (True, "s1", 1)
 
 
 def test_dead_letters_are_read_in_the_same_round_trip(rig: Rig, key: str) -> None:
@@ -384,6 +402,71 @@ def test_a_resend_recognised_by_the_done_memory_is_one_round_trip(rig: Rig, key:
     rig.provider.release_lease(key, "b")
     resent = rig.watch.one(lambda: rig.provider.transfer_to_next(key, "a", TTL, token=held.token))
     assert resent is None
+
+
+def test_a_refused_forward_is_one_round_trip(rig: Rig, key: str) -> None:
+    """[Q8]: the bound is checked inside the acquire_or_enqueue script."""
+    rig.provider.acquire_lease(key, "a", TTL)
+    rig.provider.acquire_or_enqueue(key, Signal("s1", 1), TTL)
+    with pytest.raises(QueueFull):
+        rig.watch.measure(
+            lambda: rig.provider.acquire_or_enqueue(key, Signal("s2", 2), TTL, max_queue=1)
+        )
+    assert_one(rig.watch.last)
+
+
+def test_halting_and_queueing_behind_a_halt_are_one_round_trip_each(rig: Rig, key: str) -> None:
+    """[G6] with on_poison="halt" and [N1]; then [Q9]."""
+    held = rig.provider.acquire_or_enqueue(key, Signal("s1", 1), TTL)
+    rig.provider.acquire_or_enqueue(key, Signal("s2", 2), TTL)
+    released = rig.watch.one(
+        lambda: rig.provider.transfer_to_next(
+            key, "s1", TTL, token=held.token, error="x", max_attempts=1, on_poison="halt"
+        )
+    )
+    assert released is None
+    queued = rig.watch.one(lambda: rig.provider.acquire_or_enqueue(key, Signal("s3", 3), TTL))
+    assert (queued.acquired, queued.owner, queued.position) == (False, None, 2)
+    assert rig.watch.one(lambda: rig.provider.inspect_key(key)).halted
+
+
+def test_claiming_an_expired_grant_again_is_one_round_trip(rig: Rig, key: str) -> None:
+    """[C4]: the grant's token outlives its lease hash in the key's state hash."""
+    held = rig.provider.acquire_lease(key, "a", TTL)
+    rig.provider.acquire_or_enqueue(key, Signal("s1", 1), TTL)
+    handed = rig.provider.transfer_to_next(key, "a", TTL, claim=False, token=held.token)
+    assert handed is not None and handed.token is not None
+    token = handed.token
+    assert rig.provider.renew_lease(key, "s1", 1, token=token)
+    time.sleep(0.02)
+    again = rig.watch.one(lambda: rig.provider.claim_signal(key, "s1", token, TTL))
+    assert again is not None and again.token is not None and again.token > token
+
+
+def test_redrive_is_one_round_trip(rig: Rig, key: str) -> None:
+    held = rig.provider.acquire_or_enqueue(key, Signal("s1", 1), TTL)
+    rig.provider.transfer_to_next(key, "s1", TTL, token=held.token, error="x", max_attempts=1)
+    assert rig.watch.one(lambda: rig.provider.redrive(key, ["s1"])) == 1
+    assert rig.watch.one(lambda: rig.provider.redrive(key)) == 0
+
+
+def test_dead_letter_keys_is_one_index_read(standalone_rig: Rig, key: str) -> None:
+    """Standalone: one ZRANGE of the index (never a scan of the keyspace)."""
+    rig = standalone_rig
+    held = rig.provider.acquire_or_enqueue(key, Signal("s1", 1), TTL)
+    rig.provider.transfer_to_next(key, "s1", TTL, token=held.token, error="x", max_attempts=1)
+    assert key in rig.watch.one(lambda: rig.provider.dead_letter_keys(1000), "zrange")
+
+
+def test_cluster_dead_letter_keys_reads_only_the_slot_indexes(cluster_rig: Rig, key: str) -> None:
+    """Cluster: one ZRANGE per slot's index, pipelined per node; no SCAN, nothing else."""
+    rig = cluster_rig
+    held = rig.provider.acquire_or_enqueue(key, Signal("s1", 1), TTL)
+    rig.provider.transfer_to_next(key, "s1", TTL, token=held.token, error="x", max_attempts=1)
+    found, traffic = rig.watch.measure(lambda: rig.provider.dead_letter_keys(1000))
+    assert key in found
+    assert set(traffic.commands) == {"zrange"} and len(traffic.commands) == 16384
+    assert traffic.from_scripts == 0
 
 
 # -- Cluster: the one command goes to the node that holds the key -------------------------------

@@ -1,9 +1,11 @@
-"""template.yaml, samconfig.toml and events/ read as data: least privilege, the lease table's
-schema, and the settings the SAM application promises (``make sam-validate`` lints the
-template, ``make sam-build`` builds it)."""
+"""template.yaml, samconfig.toml and events/ read as data: least privilege (each role grants
+exactly the AWS requests its function's code makes, derived from leaseguard's source), the lease
+table's schema, alarms, the API's throttling and authorization, and the settings the SAM
+application promises (``make sam-validate`` lints the template, ``make sam-build`` builds it)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import tomllib
@@ -13,10 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
+from leaseguard.providers.dynamodb import ORPHAN_INDEX, DynamoDBLeaseProvider
 
 ROOT = Path(__file__).resolve().parent.parent
-GUARDED_SERVICES = ("dynamodb:", "lambda:", "sqs:")
 _FUNCTION_ARN = re.compile(
     r"arn:\$\{AWS::Partition\}:lambda:\$\{AWS::Region\}:\$\{AWS::AccountId\}:function:(.+?)(:\*)?"
 )
@@ -63,83 +64,402 @@ def _functions(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
-def _branches(policy: Any) -> list[Any]:
-    """A policy, or both branches of an ``Fn::If`` around it (``AWS::NoValue`` dropped)."""
-    if isinstance(policy, dict) and set(policy) == {"Fn::If"}:
-        _, yes, no = policy["Fn::If"]
-        return [p for branch in (yes, no) for p in _branches(branch)]
-    if policy == {"Ref": "AWS::NoValue"}:
-        return []
-    return [policy]
+# -- the requests the functions' code makes, read from the source -------------------------------
+
+PROVIDER = ROOT / "leaseguard" / "providers" / "dynamodb.py"
+# The DynamoDB calls only create_table() makes: deployed stacks create the table themselves.
+SETUP_ONLY = {"create_table", "describe_table", "describe_time_to_live", "update_time_to_live"}
 
 
-def _names_own_resource(value: Any, own: set[str], function_names: set[str]) -> bool:
-    """Whether a resource expression points at a resource of this template: a ``Ref`` or
-    ``Fn::GetAtt`` of one, or an ``Fn::Sub`` ARN of one of its functions' explicit names."""
-    if isinstance(value, dict) and "Ref" in value:
-        return value["Ref"] in own
-    if isinstance(value, dict) and "Fn::GetAtt" in value:
-        return value["Fn::GetAtt"][0] in own
-    if isinstance(value, dict) and "Fn::Sub" in value and isinstance(value["Fn::Sub"], str):
-        match = _FUNCTION_ARN.fullmatch(value["Fn::Sub"])
-        return match is not None and match.group(1) in function_names
-    return False
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"))
 
 
-def test_policies_grant_dynamodb_lambda_and_sqs_only_on_the_stacks_own_resources(
-    template: dict[str, Any],
-) -> None:
-    own = set(template["Resources"])
-    functions = _functions(template)
-    function_names = {
-        props["FunctionName"]["Fn::Sub"] for props in functions.values() if "FunctionName" in props
+def _methods(path: Path, class_name: str) -> dict[str, ast.FunctionDef]:
+    (cls,) = [
+        n for n in ast.walk(_tree(path)) if isinstance(n, ast.ClassDef) and n.name == class_name
+    ]
+    return {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
+
+
+def _function(path: Path, name: str) -> ast.FunctionDef:
+    (fn,) = [n for n in ast.walk(_tree(path)) if isinstance(n, ast.FunctionDef) and n.name == name]
+    return fn
+
+
+def _attributes_of(node: ast.AST, owner: str) -> set[str]:
+    """``x`` for every ``owner.x`` in ``node`` (``owner`` dotted, as ``self.client``)."""
+    found = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Attribute) and ast.unparse(n.value) == owner:
+            found.add(n.attr)
+    return found
+
+
+def _client_calls(entry_points: set[str]) -> set[str]:
+    """The ``self.client`` operations of DynamoDBLeaseProvider reachable from the given public
+    methods of the provider, following ``self.method`` references through the class and its
+    base."""
+    methods = {
+        **_methods(ROOT / "leaseguard" / "providers" / "base.py", "BaseLeaseProvider"),
+        **_methods(PROVIDER, "DynamoDBLeaseProvider"),
     }
-    checked = 0
-    for name, props in functions.items():
-        for policy in (p for entry in props.get("Policies", []) for p in _branches(entry)):
-            assert isinstance(policy, dict), f"{name}: managed policy {policy!r} is not scoped"
-            if "Statement" not in policy:
-                # A SAM policy template: every argument must name one of our resources.
-                ((template_name, arguments),) = policy.items()
-                assert template_name in ("DynamoDBCrudPolicy", "DynamoDBReadPolicy")
-                for argument in arguments.values():
-                    assert _names_own_resource(argument, own, function_names), (name, policy)
-                checked += 1
-                continue
-            for statement in policy["Statement"]:
-                actions = statement["Action"]
-                actions = [actions] if isinstance(actions, str) else actions
-                if not any(a.startswith(GUARDED_SERVICES) for a in actions):
-                    continue
-                assert all("*" not in a for a in actions), statement  # no action wildcards
-                resources = statement["Resource"]
-                resources = resources if isinstance(resources, list) else [resources]
-                assert "*" not in resources, statement
+    seen: set[str] = set()
+    todo = list(entry_points)
+    calls: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in methods:
+            continue
+        seen.add(name)
+        calls |= _attributes_of(methods[name], "self.client")
+        todo.extend(_attributes_of(methods[name], "self"))
+    return calls
+
+
+def _client_calls_paths(entry_points: set[str], methods: dict[str, ast.AST]) -> set[str]:
+    """The provider methods reachable from these public methods (through ``self.name``)."""
+    base = _methods(ROOT / "leaseguard" / "providers" / "base.py", "BaseLeaseProvider")
+    every = {**base, **methods}
+    seen: set[str] = set()
+    todo = list(entry_points)
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in every:
+            continue
+        seen.add(name)
+        todo.extend(_attributes_of(every[name], "self"))
+    return seen
+
+
+def _provider_methods_used(*nodes: ast.AST) -> set[str]:
+    """The public provider methods (BaseLeaseProvider's) that these modules or functions use."""
+    base = ROOT / "leaseguard" / "providers" / "base.py"
+    public = {m for m in _methods(base, "BaseLeaseProvider") if not m.startswith("_")}
+    return {
+        n.attr
+        for node in nodes
+        for n in ast.walk(node)
+        if isinstance(n, ast.Attribute) and n.attr in public
+    }
+
+
+def _action(operation: str) -> str:
+    return "".join(part.title() for part in operation.split("_"))
+
+
+def _expected_grants() -> dict[str, set[tuple[str, str]]]:
+    """(IAM action, resource) per function, derived from the source: the lease provider's
+    client calls reachable from what the guard (worker) and ``dispatch_orphans`` (sweeper)
+    call, the worker's own table calls, and the dispatchers' Lambda and SQS calls."""
+    leaseguard = ROOT / "leaseguard"
+    every_call = _attributes_of(_tree(PROVIDER), "self.client") - {"get_waiter"}
+    assert (
+        _attributes_of(_methods(PROVIDER, "DynamoDBLeaseProvider")["create_table"], "self.client")
+        >= SETUP_ONLY
+    )
+    config = _tree(leaseguard / "config.py")
+    worker_uses = _provider_methods_used(
+        _tree(leaseguard / "guard.py"), _tree(leaseguard / "renewal.py"), config
+    )
+    sweeper_uses = _provider_methods_used(
+        _function(leaseguard / "handoff.py", "dispatch_orphans"), config
+    )
+    assert "create_table" not in worker_uses | sweeper_uses
+    # Query goes through one method that takes the index; the functions' paths reach it only
+    # through the orphans index (dead_letter_keys, on the dead_letters index, is the CLI's).
+    methods = _methods(PROVIDER, "DynamoDBLeaseProvider")
+    (querying,) = [n for n, m in methods.items() if "query" in _attributes_of(m, "self.client")]
+    assert "IndexName" in ast.unparse(methods[querying])
+    callers = {n for n, m in methods.items() if querying in _attributes_of(m, "self")}
+    assert all("ORPHAN_INDEX" in ast.unparse(methods[n]) for n in callers - {"_dead_letter_keys"})
+    assert "_dead_letter_keys" not in _client_calls_paths(worker_uses | sweeper_uses, methods)
+
+    def lease_table(calls: set[str]) -> set[tuple[str, str]]:
+        assert calls <= every_call - SETUP_ONLY, calls
+        index = f"LeaseTable/index/{ORPHAN_INDEX}"
+        return {(f"dynamodb:{_action(c)}", index if c == "query" else "LeaseTable") for c in calls}
+
+    worker_app = _tree(ROOT / "functions" / "thread_worker" / "app.py")
+    conversation_calls = _attributes_of(worker_app, "conversations")
+    assert conversation_calls == {"update_item"}, conversation_calls
+    # The handoff goes by async Invoke of the worker itself: lease_owned has no queue_url, so
+    # the guard never builds an SqsDispatcher.
+    (guarded,) = [
+        d
+        for n in ast.walk(worker_app)
+        if isinstance(n, ast.FunctionDef)
+        for d in n.decorator_list
+        if isinstance(d, ast.Call) and ast.unparse(d.func) == "lease_owned"
+    ]
+    assert "queue_url" not in {k.arg for k in guarded.keywords}
+    sweeper_app = (ROOT / "functions" / "sweeper" / "app.py").read_text(encoding="utf-8")
+    assert "InvokeDispatcher(WORKER_FUNCTION_NAME)" in sweeper_app
+    assert "SqsDispatcher" not in sweeper_app
+    invoke = _methods(leaseguard / "handoff.py", "InvokeDispatcher")
+    assert _attributes_of(invoke["dispatch"], "self.client") == {"invoke"}
+    # Lambda itself sends a failed async invocation to the on-failure destination, as the
+    # function's role.
+    on_failure = ("sqs:SendMessage", "FailedInvocationsQueue")
+    return {
+        "ThreadWorkerFunction": lease_table(_client_calls(worker_uses))
+        | {(f"dynamodb:{_action(c)}", "ConversationTable") for c in conversation_calls}
+        | {("lambda:InvokeFunction", "ThreadWorkerFunction"), on_failure},
+        "SweeperFunction": lease_table(_client_calls(sweeper_uses))
+        | {("lambda:InvokeFunction", "ThreadWorkerFunction"), on_failure},
+    }
+
+
+# -- the template, with its conditions decided ----------------------------------------------
+
+
+def _decide(value: Any, conditions: dict[str, bool]) -> Any:
+    """``value`` with every ``Fn::If`` decided and ``AWS::NoValue`` removed."""
+    no_value = object()
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, dict) and set(v) == {"Fn::If"}:
+            name, yes, no = v["Fn::If"]
+            return walk(yes if conditions[name] else no)
+        if v == {"Ref": "AWS::NoValue"}:
+            return no_value
+        if isinstance(v, dict):
+            return {k: w for k, w in ((k, walk(x)) for k, x in v.items()) if w is not no_value}
+        if isinstance(v, list):
+            return [w for w in (walk(x) for x in v) if w is not no_value]
+        return v
+
+    return walk(value)
+
+
+SETTINGS = {
+    "dynamodb": {"UseDynamoDB": True, "UseRedis": False, "RedisInVpc": False},
+    "redis": {"UseDynamoDB": False, "UseRedis": True, "RedisInVpc": False},
+    "redis in a VPC": {"UseDynamoDB": False, "UseRedis": True, "RedisInVpc": True},
+}
+
+
+def _role(template: dict[str, Any], function: str) -> dict[str, Any]:
+    role = _functions(template)[function]["Role"]
+    assert set(role) == {"Fn::GetAtt"} and role["Fn::GetAtt"][1] == "Arn", role
+    resource = template["Resources"][role["Fn::GetAtt"][0]]
+    assert resource["Type"] == "AWS::IAM::Role"
+    return dict(resource["Properties"])
+
+
+def _target(resource: Any, template: dict[str, Any]) -> str:
+    """The logical id of this template's resource that an IAM ``Resource`` names, with an index
+    suffix for a DynamoDB index; fails for anything else."""
+    if isinstance(resource, dict) and "Fn::GetAtt" in resource:
+        name, attribute = resource["Fn::GetAtt"]
+        assert attribute == "Arn" and name in template["Resources"], resource
+        return str(name)
+    assert isinstance(resource, dict) and isinstance(resource.get("Fn::Sub"), str), resource
+    text = resource["Fn::Sub"]
+    index = re.fullmatch(r"\$\{(\w+)\.Arn\}(/index/\w+)", text)
+    if index:
+        return index.group(1) + index.group(2)
+    match = _FUNCTION_ARN.fullmatch(text)
+    assert match, text
+    (function,) = [
+        name
+        for name, props in _functions(template).items()
+        if props.get("FunctionName") == {"Fn::Sub": match.group(1)}
+    ]
+    return function
+
+
+def _granted(template: dict[str, Any], function: str, setting: str) -> set[tuple[str, str]]:
+    role = _decide(_role(template, function), SETTINGS[setting])
+    grants = set()
+    for policy in role["Policies"]:
+        for statement in policy["PolicyDocument"]["Statement"]:
+            assert statement["Effect"] == "Allow" and set(statement) <= {
+                "Sid",
+                "Effect",
+                "Action",
+                "Resource",
+            }, statement
+            actions = statement["Action"]
+            actions = [actions] if isinstance(actions, str) else actions
+            resources = statement["Resource"]
+            resources = resources if isinstance(resources, list) else [resources]
+            assert all("*" not in a for a in actions), statement  # no action wildcards
+            for action in actions:
                 for resource in resources:
-                    assert _names_own_resource(resource, own, function_names), (name, resource)
-                checked += 1
-        destination = props.get("EventInvokeConfig", {}).get("DestinationConfig", {})
-        for target in destination.values():
-            assert _names_own_resource(target["Destination"], own, function_names)
-    assert checked >= 5
+                    grants.add((action, _target(resource, template)))
+    return grants
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("function", ["ThreadWorkerFunction", "SweeperFunction"])
+def test_each_role_grants_exactly_the_requests_its_code_makes(
+    template: dict[str, Any], function: str, setting: str
+) -> None:
+    expected = _expected_grants()[function]
+    if not SETTINGS[setting]["UseDynamoDB"]:
+        expected = {(a, r) for a, r in expected if not r.startswith("LeaseTable")}
+    assert _granted(template, function, setting) == expected
+    props = _functions(template)[function]
+    assert "Policies" not in props  # the role above is the whole of it
+    destination = props["EventInvokeConfig"]["DestinationConfig"]["OnFailure"]
+    assert destination == {
+        "Type": "SQS",
+        "Destination": {"Fn::GetAtt": ["FailedInvocationsQueue", "Arn"]},
+    }
+
+
+def test_the_expected_grants_are_what_the_docs_list() -> None:
+    """A sanity check of the derivation itself (it must not come out empty or wider)."""
+    grants = _expected_grants()
+    assert {a for a, r in grants["ThreadWorkerFunction"] if r == "LeaseTable"} == {
+        "dynamodb:BatchGetItem",
+        "dynamodb:BatchWriteItem",
+        "dynamodb:GetItem",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+    }
+    assert {(a, r) for a, r in grants["SweeperFunction"] if r.startswith("LeaseTable")} == {
+        ("dynamodb:BatchGetItem", "LeaseTable"),
+        ("dynamodb:GetItem", "LeaseTable"),
+        ("dynamodb:UpdateItem", "LeaseTable"),
+        ("dynamodb:Query", "LeaseTable/index/orphans"),
+    }
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_managed_policies_and_vpc_access_only_for_redis_in_a_vpc(
+    template: dict[str, Any], setting: str
+) -> None:
+    arn = "arn:${AWS::Partition}:iam::aws:policy/"
+    for function in ("ThreadWorkerFunction", "SweeperFunction"):
+        role = _decide(_role(template, function), SETTINGS[setting])
+        assert role["AssumeRolePolicyDocument"]["Statement"] == [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": "lambda.amazonaws.com"},
+                "Action": "sts:AssumeRole",
+            }
+        ]
+        expected = [
+            {"Fn::Sub": arn + "service-role/AWSLambdaBasicExecutionRole"},
+            {"Fn::Sub": arn + "AWSXRayDaemonWriteAccess"},  # Tracing: Active
+        ]
+        if SETTINGS[setting]["RedisInVpc"]:
+            expected.append({"Fn::Sub": arn + "service-role/AWSLambdaVPCAccessExecutionRole"})
+        assert role["ManagedPolicyArns"] == expected
+    in_vpc = template["Conditions"]["RedisInVpc"]["Fn::And"]
+    assert {"Condition": "UseRedis"} in in_vpc
+    vpc = template["Globals"]["Function"]["VpcConfig"]["Fn::If"]
+    assert vpc[0] == "RedisInVpc" and vpc[2] == {"Ref": "AWS::NoValue"}
 
 
 def test_the_worker_invokes_itself_by_its_explicit_name(template: dict[str, Any]) -> None:
     worker = _functions(template)["ThreadWorkerFunction"]
     name = worker["FunctionName"]["Fn::Sub"]
-    statements = [s for p in worker["Policies"] if "Statement" in p for s in p["Statement"]]
-    invoke = [s for s in statements if s["Action"] == "lambda:InvokeFunction"]
+    role = _role(template, "ThreadWorkerFunction")
+    statements = [s for p in role["Policies"] for s in p["PolicyDocument"]["Statement"]]
+    invoke = [s for s in statements if s.get("Action") == "lambda:InvokeFunction"]
     assert [r["Fn::Sub"].split(":function:")[1] for r in invoke[0]["Resource"]] == [
         name,
         f"{name}:*",  # a qualified ARN (alias or version) in context.invoked_function_arn
     ]
-    assert "ThreadWorkerFunction" not in json.dumps(worker["Policies"])  # no self-reference
+    assert "ThreadWorkerFunction" not in json.dumps(role)  # no circular dependency
     assert worker["RecursiveLoop"] == "Allow"
-    assert worker["EventInvokeConfig"]["DestinationConfig"]["OnFailure"]["Type"] == "SQS"
-    assert worker["Events"]["PostMessage"]["Properties"] == {
-        "Path": "/threads/{threadId}/messages",
-        "Method": "POST",
+    assert worker["ReservedConcurrentExecutions"] == {
+        "Fn::If": [
+            "HasWorkerReservedConcurrency",
+            {"Ref": "WorkerReservedConcurrency"},
+            {"Ref": "AWS::NoValue"},
+        ]
     }
+    parameter = template["Parameters"]["WorkerReservedConcurrency"]
+    assert parameter["Default"] == ""
+    assert re.fullmatch(parameter["AllowedPattern"], "")
+    assert re.fullmatch(parameter["AllowedPattern"], "20")
+    assert not re.fullmatch(parameter["AllowedPattern"], "0")  # 0 would stop the function
+    assert template["Conditions"]["HasWorkerReservedConcurrency"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "WorkerReservedConcurrency"}, ""]}]
+    }
+
+
+def test_the_api_route_throttling_and_authorization(template: dict[str, Any]) -> None:
+    resources = template["Resources"]
+    route = resources["PostMessageRoute"]["Properties"]
+    assert route["RouteKey"] == "POST /threads/{threadId}/messages"
+    assert route["ApiId"] == {"Ref": "ChatApi"}
+    assert route["Target"] == {"Fn::Sub": "integrations/${PostMessageIntegration}"}
+    assert route["AuthorizationType"] == {"Ref": "ApiAuth"}
+    auth = template["Parameters"]["ApiAuth"]
+    assert auth["Default"] == "NONE" and auth["AllowedValues"] == ["NONE", "AWS_IAM"]
+    integration = resources["PostMessageIntegration"]["Properties"]
+    assert integration["IntegrationUri"] == {"Fn::GetAtt": ["ThreadWorkerFunction", "Arn"]}
+    assert integration["PayloadFormatVersion"] == "2.0"  # events/thread_worker/ is v2
+    assert resources["ChatApi"]["Properties"]["ProtocolType"] == "HTTP"
+    stage = resources["ChatApiStage"]["Properties"]
+    assert stage["StageName"] == "$default" and stage["AutoDeploy"] is True
+    assert stage["DefaultRouteSettings"] == {
+        "ThrottlingBurstLimit": {"Ref": "ApiThrottlingBurstLimit"},
+        "ThrottlingRateLimit": {"Ref": "ApiThrottlingRateLimit"},
+    }
+    for name in ("ApiThrottlingBurstLimit", "ApiThrottlingRateLimit"):
+        parameter = template["Parameters"][name]
+        assert parameter["Type"] == "Number"
+        assert 1 <= parameter["MinValue"] <= parameter["Default"] <= parameter["MaxValue"]
+    permission = resources["PostMessagePermission"]["Properties"]
+    assert permission["FunctionName"] == {"Ref": "ThreadWorkerFunction"}
+    assert permission["Principal"] == "apigateway.amazonaws.com"
+    method, path = route["RouteKey"].split(" ")
+    source = re.sub(r"\{\w+\}", "*", path)
+    assert permission["SourceArn"]["Fn::Sub"].endswith(f":${{ChatApi}}/*/{method}{source}")
+    assert template["Outputs"]["ApiUrl"]["Value"] == {"Fn::GetAtt": ["ChatApi", "ApiEndpoint"]}
+
+
+def test_alarms(template: dict[str, Any]) -> None:
+    resources = template["Resources"]
+    variables = template["Globals"]["Function"]["Environment"]["Variables"]
+    actions = {"Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}
+    alarms = {
+        props["MetricName"]: props
+        for resource in resources.values()
+        if resource["Type"] == "AWS::CloudWatch::Alarm"
+        for props in [resource["Properties"]]
+    }
+    assert set(alarms) == {"ApproximateNumberOfMessagesVisible", "SignalDeadLettered", "LeaseLost"}
+    guard = (ROOT / "leaseguard" / "guard.py").read_text(encoding="utf-8")
+    for metric in ("SignalDeadLettered", "LeaseLost"):
+        assert f'"{metric}"' in guard  # the name leaseguard counts under
+        alarm = alarms[metric]
+        # Powertools EMF: the namespace and a "service" dimension, from the environment.
+        assert alarm["Namespace"] == variables["POWERTOOLS_METRICS_NAMESPACE"]
+        assert alarm["Dimensions"] == [
+            {"Name": "service", "Value": variables["POWERTOOLS_SERVICE_NAME"]}
+        ]
+        assert alarm["Statistic"] == "Sum"
+    queue = alarms["ApproximateNumberOfMessagesVisible"]
+    assert queue["Namespace"] == "AWS/SQS"
+    assert queue["Dimensions"] == [
+        {"Name": "QueueName", "Value": {"Fn::GetAtt": ["FailedInvocationsQueue", "QueueName"]}}
+    ]
+    for alarm in alarms.values():
+        assert alarm["ComparisonOperator"] == "GreaterThanThreshold"
+        assert alarm["Threshold"] == 0
+        assert alarm["TreatMissingData"] == "notBreaching"
+        assert alarm["AlarmActions"] == actions and alarm["OKActions"] == actions
+    assert template["Parameters"]["AlarmTopicArn"]["Default"] == ""
+    assert template["Conditions"]["HasAlarmTopic"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "AlarmTopicArn"}, ""]}]
+    }
+
+
+def test_stateful_resources_say_what_happens_on_delete_and_replace(
+    template: dict[str, Any],
+) -> None:
+    for name, resource in template["Resources"].items():
+        if resource["Type"] in ("AWS::DynamoDB::Table", "AWS::SQS::Queue"):
+            assert resource["DeletionPolicy"] == resource["UpdateReplacePolicy"], name
+    assert template["Resources"]["ConversationTable"]["DeletionPolicy"] == "Retain"
+    assert template["Resources"]["FailedInvocationsQueue"]["DeletionPolicy"] == "Retain"
 
 
 class _RecordingClient:
@@ -209,7 +529,7 @@ def test_globals_parameters_and_outputs(template: dict[str, Any]) -> None:
     assert ".[dynamodb,redis,powertools]" in requirements.splitlines()
 
 
-def test_samconfig() -> None:
+def test_samconfig(template: dict[str, Any]) -> None:
     config = tomllib.loads((ROOT / "samconfig.toml").read_text(encoding="utf-8"))
     assert config["version"] == 0.1
     assert config["default"]["validate"]["parameters"]["lint"] is True
@@ -217,14 +537,16 @@ def test_samconfig() -> None:
     deploy = config["default"]["deploy"]["parameters"]
     assert deploy["capabilities"] == "CAPABILITY_IAM"
     assert "LeaseBackend=" in deploy["parameter_overrides"]
+    overridden = re.findall(r'(\w+)="[^"]*"', deploy["parameter_overrides"])
+    assert set(overridden) <= set(template["Parameters"]), overridden
 
 
 def test_sample_events_match_the_template(template: dict[str, Any]) -> None:
     events = ROOT / "events"
     api = json.loads((events / "thread_worker" / "api_post_message.json").read_text())
-    route = template["Resources"]["ThreadWorkerFunction"]["Properties"]["Events"]["PostMessage"]
+    route = template["Resources"]["PostMessageRoute"]["Properties"]
     assert api["version"] == "2.0"
-    assert api["routeKey"] == f"POST {route['Properties']['Path']}"
+    assert api["routeKey"] == route["RouteKey"]
     assert json.loads(api["body"])["text"]
     assert int(api["headers"]["content-length"]) == len(api["body"].encode())
     envelope = json.loads((events / "thread_worker" / "handoff_envelope.json").read_text())

@@ -9,6 +9,7 @@ import pytest
 
 from leaseguard import InvalidLeaseArgument, LeaseLostError, Signal
 from leaseguard.providers.base import BaseLeaseProvider
+from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES
 
 from .conftest import let_leases_expire
 
@@ -323,7 +324,7 @@ BAD_PAYLOADS: list[Any] = [
     {"x": math.inf},
     {1: "int key"},
     _nested(10_000),
-    "x" * (256 * 1024),
+    "x" * DEFAULT_MAX_PAYLOAD_BYTES,
 ]
 
 

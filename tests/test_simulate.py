@@ -42,12 +42,12 @@ class TwoOwners(InMemoryLeaseProvider):
         self.guard = threading.Lock()
 
     def _acquire_or_enqueue(
-        self, key: str, signal: Signal, record: str, ttl_ms: int
+        self, key: str, signal: Signal, record: str, ttl_ms: int, max_queue: int
     ) -> LeaseResult:
         with self.guard:
             self.calls += 1
             rogue = self.calls % 3 == 0
-        result = super()._acquire_or_enqueue(key, signal, record, ttl_ms)
+        result = super()._acquire_or_enqueue(key, signal, record, ttl_ms, max_queue)
         if not result.acquired and rogue and result.position:
             return LeaseResult(True, signal.id, 1)  # "you own it too"
         return result
@@ -61,22 +61,22 @@ class DropsSignals(InMemoryLeaseProvider):
         self.calls = 0
 
     def _acquire_or_enqueue(
-        self, key: str, signal: Signal, record: str, ttl_ms: int
+        self, key: str, signal: Signal, record: str, ttl_ms: int, max_queue: int
     ) -> LeaseResult:
         held = self.get_lease_owner(key)
         self.calls += 1
         if held is not None and held != signal.id and self.calls % 4 == 0:
             return LeaseResult(False, held, None, position=1)
-        return super()._acquire_or_enqueue(key, signal, record, ttl_ms)
+        return super()._acquire_or_enqueue(key, signal, record, ttl_ms, max_queue)
 
 
 class Reorders(InMemoryLeaseProvider):
     """Serves the queue newest first."""
 
     def _acquire_or_enqueue(
-        self, key: str, signal: Signal, record: str, ttl_ms: int
+        self, key: str, signal: Signal, record: str, ttl_ms: int, max_queue: int
     ) -> LeaseResult:
-        result = super()._acquire_or_enqueue(key, signal, record, ttl_ms)
+        result = super()._acquire_or_enqueue(key, signal, record, ttl_ms, max_queue)
         if not result.acquired and result.position:
             with self._lock:
                 queue = self._keys[key].queue

@@ -1,5 +1,5 @@
-"""``leaseguard invoke MODULE:HANDLER --event FILE``: run a handler locally, like
-``sam local invoke`` without Docker: a Lambda-like context (request id, deadline, function ARN),
+"""leaseguard invoke MODULE:HANDLER --event FILE: run a handler locally, like
+sam local invoke without Docker: a Lambda-like context (request id, deadline, function ARN),
 the event from a JSON file, the result printed as JSON."""
 
 from __future__ import annotations

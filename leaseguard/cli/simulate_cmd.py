@@ -1,9 +1,13 @@
-"""``leaseguard simulate``: many concurrent guarded invocations over a few keys, across OS
+"""leaseguard simulate: many concurrent guarded invocations over a few keys, across OS
 processes, on a real backend; then an independent check that no key ever had two owners at
 once, fencing tokens only rose, every event was handled exactly once (at least once with
 --kill-rate, duplicates explained), and forwarded events ran in arrival order.
 
-Exit status: 0 verified, 1 a violation (or the run did not settle), 2 bad arguments."""
+The backend is checked with one read before the run starts, so an unreachable one fails at
+once. With --dynamodb-endpoint the --table must exist, unless --create-table is given.
+
+Exit status: 0 verified, 1 a violation (or the run did not settle) or a backend failure,
+2 bad arguments or configuration."""
 
 from __future__ import annotations
 
@@ -13,8 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from leaseguard.cli.backends import add_backend_arguments, open_backend
-from leaseguard.errors import ConfigurationError
+from leaseguard.cli.backends import add_backend_arguments, build_provider, open_backend
 
 
 def register(commands: Any) -> None:
@@ -91,13 +94,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
-    try:
-        with open_backend(args, embedded=True) as (provider, description):
-            threads = provider.backend == "memory"
-            config = dataclasses.replace(draft, provider=provider, threads=threads)
-            return _simulate(config, description, args)
-    except ConfigurationError as exc:
-        parser.error(str(exc))
+    if args.create_table and not args.dynamodb_endpoint:
+        parser.error("--create-table needs --dynamodb-endpoint")
+    with open_backend(args, embedded=True) as (provider, description):
+        threads = provider.backend == "memory"
+        if not threads:
+            build_provider(provider, check=True)  # unreachable: fail now, not in every worker
+        config = dataclasses.replace(draft, provider=provider, threads=threads)
+        return _simulate(config, description, args)
 
 
 def _simulate(config: Any, description: str, args: argparse.Namespace) -> int:

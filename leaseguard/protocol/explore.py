@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 from leaseguard.contract import LeaseResult
 from leaseguard.signals import Signal, encode_signal
 
-from .model import Failure, KeyRecord, Lost, ProtocolModel
+from .model import Failure, Full, KeyRecord, Lost, ProtocolModel
 
 LIMIT = 10  # take_signals batch size
 
@@ -61,6 +61,9 @@ class Bounds:
     takes: int = 1  # take_signals calls per run
     renews: int = 1  # renewals per run
     max_attempts: int = 2
+    max_queue: int = 1000  # the forward bound (row Q8)
+    halt: bool = False  # failures report on_poison="halt" (rows G6, N1, Q9, D4)
+    redrives: int = 0  # operator redrives of a key's dead letters (row V1)
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class ClientRules:
     valid_from_send: bool = True  # a handle's TTL clock starts when the request was sent
     atomic_forward: bool = True  # forward with one acquire_or_enqueue (not read, then enqueue)
     failed_take_fails_run: bool = True  # a run whose take_signals failed ends as failed
+    full_fails_visibly: bool = True  # a forward refused by a full queue fails the invocation
 
 
 class Call(NamedTuple):
@@ -99,6 +103,7 @@ class Actor(NamedTuple):
     error: bool = False
     own_error: bool = False  # the invocation's own event failed: the platform retries it
     seq: int = 0
+    spent: bool = False  # granted with attempts >= max_attempts: dead-lettered unrun
 
 
 class Book(NamedTuple):
@@ -116,6 +121,7 @@ class Book(NamedTuple):
     retries: tuple[int, ...]  # platform retries used per event
     gave_up: tuple[bool, ...]  # the platform saw the event fail and stopped retrying
     pending: tuple[tuple[str, ...], ...]  # platform deliveries due: ('e', id) | ('env', ...)
+    redrives: int = 0
 
 
 @dataclass
@@ -142,7 +148,7 @@ class World:
             item if item[0] == "e" else (*item[:3], int(item[3]) - base[item[1]])
             for item in b.pending
         )
-        book = (b.arrived, b.faults, slack, b.oks, b.started, b.enqueued, b.expiries)
+        book = (b.arrived, b.faults, slack, b.oks, b.started, b.enqueued, b.expiries, b.redrives)
         return (recs, actors, book, b.retries, b.gave_up, pending)
 
     def copy(self) -> World:
@@ -157,7 +163,7 @@ def _rel(value: Any, base: int) -> Any:
         return ("R", value.acquired, value.owner, token, value.position, adopted)
     if isinstance(value, Signal):
         return ("S", value.id, None if value.token is None else value.token - base, value.attempts)
-    if isinstance(value, Lost):
+    if isinstance(value, (Lost, Full)):
         return value
     if isinstance(value, tuple):
         return tuple(_rel(v, base) for v in value)
@@ -168,7 +174,7 @@ def _rel(value: Any, base: int) -> Any:
 
 def _canon_record(image: tuple[Any, ...], live: dict[str, int], base: int) -> tuple[Any, ...]:
     owner, _token, expires, claimed, grant, prev, prev_token, take, count, *rest = image
-    done = tuple((sid, t - base, ok) for sid, t, ok in rest[-1])
+    done = tuple((sid, t - base, ok, n) for sid, t, ok, n in rest[-1])
     return (
         owner,
         expires,
@@ -207,6 +213,7 @@ def _canon_actor(a: Actor, now: int, ttl: int, base: int) -> tuple[Any, ...]:
         a.renews,
         a.error,
         a.own_error,
+        a.spent,
     )
 
 
@@ -307,6 +314,15 @@ class Explorer:
                     and w.violation is None
                 ):
                     w.violation = f"(e) {sid} starts before {earlier}, queued earlier on {key}"
+        if self.b.halt and sid in book.enqueued and w.violation is None:
+            for dead in self.rec(w, key).dead:
+                if dead.id in book.enqueued and (
+                    book.enqueued.index(dead.id) < book.enqueued.index(sid)
+                ):
+                    w.violation = (
+                        f"(i) {sid} starts while {dead.id}, queued before it, is dead-lettered "
+                        "on a halted key"
+                    )
         started = list(book.started)
         started[i] = True
         w.book = book._replace(runs=runs, started=tuple(started))
@@ -333,7 +349,13 @@ class Explorer:
         ttl, now, m = self.b.ttl, w.now, self.model
         reply: Any
         if op == "acquire":
-            reply = m.acquire_or_enqueue(rec, args[0], self.records[args[0]], ttl, nonce, now)
+            known = args[0] in before
+            reply = m.acquire_or_enqueue(
+                rec, args[0], self.records[args[0]], ttl, nonce, now, self.b.max_queue
+            )
+            queued = isinstance(reply, LeaseResult) and reply.position is not None
+            if queued and not known and reply.position > self.b.max_queue and not w.violation:
+                w.violation = f"(j) {args[0]} was queued at {reply.position}, past max_queue"
         elif op == "peek":
             reply = m.get_owner(rec, now)
         elif op == "enqueue":  # only the read-then-enqueue mutant's client sends this
@@ -350,6 +372,8 @@ class Explorer:
             reply = m.claim(rec, args[0], args[1], ttl, nonce, now)
         elif op == "adopt":
             reply = m.adopt(rec, ttl, False, nonce, now)
+        elif op == "redrive":
+            reply = m.redrive(rec, None, now)
         else:  # pragma: no cover
             raise AssertionError(op)
         for sid in rec.queue:
@@ -417,9 +441,17 @@ class Explorer:
                 nw.book = book._replace(faults=book.faults + 1)
                 actor = Actor(f"{sid}d{book.faults}", "inv", self.key_of(sid), sid, "start", None)
                 yield f"FAULT platform delivers {sid} again: {self.spawn(nw, actor)}", nw
+        if book.redrives < b.redrives:
+            for key in self.keys:
+                if self.rec(w, key).dead:
+                    nw = w.copy()
+                    nw.book = book._replace(redrives=book.redrives + 1)
+                    moved = self.model.redrive(self.rec(nw, key), None, nw.now)
+                    yield f"operator redrives {key}: {moved} back at the head", nw
         for key in self.keys:
             rec = self.rec(w, key)
             orphaned = (rec.owner is None or rec.expires <= w.now) and rec.has_work
+            orphaned = orphaned and not rec.halted
             if orphaned and not any(a.kind == "sweep" and a.key == key for a in w.actors):
                 nw = w.copy()
                 sweeper = Actor(f"sw.{key}", "sweep", key, None, "adopt", None)
@@ -483,7 +515,7 @@ class Explorer:
         name = a.aid
         # A run whose take_signals failed may hold signals it never saw: it ends as failed
         # (the guard treats it so), which retries them instead of completing them.
-        forced = a.error and self.rules.failed_take_fails_run
+        forced = (a.error and self.rules.failed_take_fails_run) or a.spent
         outcomes = (True,) if forced else (False, True) if faults_left else (False,)
         for error in outcomes:
             nw = w.copy()
@@ -494,6 +526,8 @@ class Explorer:
                 own = a.kind == "inv" and a.sid == a.event
                 done = done._replace(error=True, own_error=a.own_error or own)
                 how = f"FAULT {name} handler raises on {a.sid}"
+            elif a.spent:
+                how = f"{name} dead-letters {a.sid} unrun (its earlier runs never finished)"
             elif error:
                 how = f"{name} run ends failed (its take_signals failed)"
             else:
@@ -505,7 +539,9 @@ class Explorer:
                 continue
             failure = None
             if error:
-                failure = Failure("handler failed", a.sid != a.event, self.b.max_attempts)
+                failure = Failure(
+                    "handler failed", a.sid != a.event, self.b.max_attempts, self.b.halt
+                )
             rec = self.rec(nw, a.key)
             # Inline or by envelope only differ when there is someone to hand to.
             hands_off = bool(rec.queue) or (error and len(rec.in_flight) > (a.sid == a.event))
@@ -515,6 +551,8 @@ class Explorer:
                 self.replace_actor(cw, n, self.send(cw, done, "next", args, "next"))
                 way = "inline" if claim else "by envelope"
                 yield f"{how}; transfer_to_next({a.sid}@{a.token}, {way})", cw
+        if a.spent:
+            return  # not run: nothing to take or renew
         rec = self.rec(w, a.key)
         if a.takes < self.b.takes and not a.lost and rec.queue:
             nw = w.copy()
@@ -558,13 +596,18 @@ class Explorer:
             nxt = "enqueue" if reply is not None else "acquire"
             self.replace_actor(w, n, self.send(w, a, nxt, (a.event,), "acq"))
         elif op in ("acquire", "enqueue"):
+            if isinstance(reply, Full) and self.rules.full_fails_visibly and a.event:
+                self.platform_retry(w, a.event)  # 429 / a batch item failure / a raise
+                self.replace_actor(w, n, None)
+                return
             if not isinstance(reply, LeaseResult) or not reply.acquired:
                 self.replace_actor(w, n, None)  # forwarded or duplicate: 202, done
                 return
             signal = reply.adopted
             sid = signal.id if signal is not None else a.event
             token = signal.token if signal is not None else reply.token
-            self.begin(w, n, a, sid, token, call.sent_at)
+            attempts = signal.attempts if signal is not None else 0
+            self.begin(w, n, a, sid, token, call.sent_at, attempts)
         elif op == "take":
             if isinstance(reply, Lost):
                 self.replace_actor(w, n, a._replace(lost=True))
@@ -588,7 +631,7 @@ class Explorer:
             elif reply is None:
                 self.finish(w, n, a)
             elif call.args[2]:  # inline: the next signal runs in this invocation
-                self.begin(w, n, a, reply.id, reply.token, call.sent_at)
+                self.begin(w, n, a, reply.id, reply.token, call.sent_at, reply.attempts)
             else:
                 self.deliver_later(w, ("env", a.key, reply.id, str(reply.token)))
                 self.finish(w, n, a)
@@ -596,7 +639,7 @@ class Explorer:
             if reply is None:
                 self.replace_actor(w, n, None)
             else:
-                self.begin(w, n, a, reply.id, reply.token, call.sent_at)
+                self.begin(w, n, a, reply.id, reply.token, call.sent_at, reply.attempts)
         elif op == "adopt":
             if reply is not None:
                 self.deliver_later(w, ("env", a.key, reply.id, str(reply.token)))
@@ -610,11 +653,17 @@ class Explorer:
         sid: str | None,
         token: int | None,
         sent_at: int,
+        attempts: int = 0,
     ) -> None:
         assert sid is not None
         until = self.valid_until(w, sent_at)
-        self.start(w, a.key, sid)
+        # The guard dead-letters, unrun, a signal whose earlier runs all died (G5 counted them);
+        # the invocation's own event is the platform's to retry.
+        spent = attempts >= self.b.max_attempts and not (a.kind == "inv" and sid == a.event)
+        if not spent:
+            self.start(w, a.key, sid)
         na = a._replace(
+            spent=spent,
             phase="run",
             sid=sid,
             token=token,
@@ -712,7 +761,7 @@ class Explorer:
                         f"(a) {a.aid} believes it holds {key} as {a.sid}@{a.token}, "
                         f"the backend says {rec.owner}@{rec.token}"
                     )
-            if rec.owner is None and rec.expires == 0 and rec.queue:
+            if rec.owner is None and rec.expires == 0 and rec.queue and not rec.halted:
                 return f"(g) {key} was released with {list(rec.queue)} queued (lost wakeup)"
         return None
 
@@ -747,8 +796,10 @@ class Explorer:
             return w.violation
         for sid in self.events:
             i = _idx(sid)
-            dead = any(d.id == sid for d in self.rec(w, self.key_of(sid)).dead)
-            if not (w.book.oks[i] or dead or w.book.gave_up[i]):
+            rec = self.rec(w, self.key_of(sid))
+            dead = any(d.id == sid for d in rec.dead)
+            held = rec.halted and sid in rec.queue  # visibly waiting for an operator's redrive
+            if not (w.book.oks[i] or dead or held or w.book.gave_up[i]):
                 return f"(c) {sid} was lost: never handled, not dead-lettered, not failed visibly"
         return None
 
@@ -810,6 +861,8 @@ def _show(reply: Any) -> str:
         return f"signal {reply.id}@{reply.token}"
     if isinstance(reply, Lost):  # before tuple: a NamedTuple is one
         return f"lost (holder {reply.holder})"
+    if isinstance(reply, Full):
+        return f"queue full at {reply.depth} (holder {reply.holder})"
     if isinstance(reply, tuple):
         return "[" + ", ".join(s.id for s in reply) + "]"
     return repr(reply)
@@ -822,6 +875,33 @@ PRESETS = {
     "default": Bounds(events=2, faults=1, expiries=1),
     # by hand: three events and two faults (hours)
     "deep": Bounds(events=3, faults=2, expiries=1),
+    # make test and make model-check: a bounded queue, a poison signal halting its key, and an
+    # operator's redrive, over three events (a third forward meets a full queue)
+    "queue": Bounds(
+        events=3,
+        faults=1,
+        expiries=0,
+        renews=0,
+        takes=0,
+        max_attempts=1,
+        max_queue=1,
+        halt=True,
+        redrives=1,
+        platform_retries=0,
+    ),
+    # make model-check: the same with a platform retry of every refused or failed event
+    "queue-retries": Bounds(
+        events=3,
+        faults=1,
+        expiries=0,
+        renews=0,
+        takes=0,
+        max_attempts=1,
+        max_queue=1,
+        halt=True,
+        redrives=1,
+        platform_retries=1,
+    ),
 }
 
 
@@ -875,14 +955,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"model-check: fewer than the required {args.min_states} states")
     if not args.no_mutants:
         caught = 0
-        for mutant in MUTANTS:
+        # Each mutant is checked under the family of bounds that can see its rule.
+        family = "queue" if args.bound.startswith("queue") else "core"
+        mutants = [m for m in MUTANTS if m.family == family]
+        for mutant in mutants:
             found = check_model(bounds, mutant.model(), mutant.rules)
             ok = found.violations > 0
             caught += ok
             verdict = f"caught: {found.message}" if ok else "NOT CAUGHT"
             print(f"  mutant {mutant.name}: {verdict} ({len(found.trace)} steps)")
-        print(f"mutants: {caught}/{len(MUTANTS)} caught")
-        failed = failed or caught < len(MUTANTS)
+        print(f"mutants: {caught}/{len(mutants)} caught")
+        failed = failed or caught < len(mutants)
     return 1 if failed else 0
 
 

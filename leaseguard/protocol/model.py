@@ -30,12 +30,21 @@ TOKEN_MEMORY_MS = 60_000
 """An idle key (no owner, nothing queued, in flight, dead-lettered or remembered as done) is
 forgotten this long after it went idle; its next token then comes from the clock floor."""
 MAX_ERROR_CHARS = 1_000
+DEFAULT_MAX_QUEUE = 1_000
+"""A forward into a key whose queue already holds this many signals is refused (row Q8)."""
 
 
 class Lost(NamedTuple):
     """The reply of an owner-side step made by a caller that does not hold the key."""
 
     holder: str | None
+
+
+class Full(NamedTuple):
+    """The reply of a forward refused because the key's queue is at its bound (row Q8)."""
+
+    holder: str | None
+    depth: int
 
 
 @dataclass(frozen=True)
@@ -46,12 +55,15 @@ class Failure:
     it took. Each goes back to the head of the queue with one more attempt, or to the key's
     dead-letter list once it reached ``max_attempts``. ``requeue_owner=False`` is for an owner
     whose signal is the invocation's *own* event: the invocation re-raises, so the platform
-    retries that event; it is removed here and not remembered as done.
+    retries that event; it is removed here and not remembered as done. ``halt`` (the guard's
+    ``on_poison="halt"``): a signal dead-lettered by this report halts the key, so nothing
+    queued behind it runs until an operator redrives it (row G6, V1).
     """
 
     error: str
     requeue_owner: bool = True
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    halt: bool = False
 
 
 @dataclass
@@ -65,6 +77,7 @@ class Done:
     token: int  # the grant under which it completed (names the owner's step for resends)
     at: int
     ok: bool  # False: it failed and went back to the queue or the platform (no dedupe)
+    attempts: int = 0  # a failed own event's failed runs so far: its platform retry resumes them
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,7 @@ class KeyRecord:
     dead: list[DeadEntry] = field(default_factory=list)
     done: dict[str, Done] = field(default_factory=dict)  # oldest first
     idle_since: int = 0
+    halted: bool = False  # h: a dead letter under on_poison="halt" stops the queue
 
     def clone(self) -> KeyRecord:
         return KeyRecord(
@@ -113,6 +127,7 @@ class KeyRecord:
             list(self.dead),
             dict(self.done),
             self.idle_since,
+            self.halted,
         )
 
     def freeze(self, now: int) -> tuple[object, ...]:
@@ -136,7 +151,8 @@ class KeyRecord:
             tuple(self.in_flight),
             tuple(sorted((k, v.attempts) for k, v in self.stored.items())),
             tuple((d.id, d.attempts) for d in self.dead),
-            tuple((k, v.token, v.ok) for k, v in self.done.items()),
+            self.halted,
+            tuple((k, v.token, v.ok, v.attempts) for k, v in self.done.items()),
         )
 
     @property
@@ -229,13 +245,19 @@ class ProtocolModel:
         return self.signal(rec, head, rec.token)
 
     def requeue_in_flight(self, rec: KeyRecord) -> None:
-        """[G5] A dead owner's in-flight signals go back to the head of the queue, in order."""
+        """[G5] A dead owner's in-flight signals go back to the head of the queue, in order,
+        each with one more attempt: a run that never finished counts (a handler that crashes
+        its process every time is dead-lettered like one that raises, see the guard)."""
+        for sid in rec.in_flight:
+            rec.stored[sid].attempts += 1
         rec.queue[0:0] = rec.in_flight
         rec.in_flight = []
 
-    def remember_done(self, rec: KeyRecord, sid: str, token: int, now: int, ok: bool) -> None:
+    def remember_done(
+        self, rec: KeyRecord, sid: str, token: int, now: int, ok: bool, attempts: int = 0
+    ) -> None:
         rec.done.pop(sid, None)
-        rec.done[sid] = Done(token, now, ok)
+        rec.done[sid] = Done(token, now, ok, attempts)
         while len(rec.done) > self.done_limit:
             del rec.done[next(iter(rec.done))]
 
@@ -254,22 +276,28 @@ class ProtocolModel:
         it); the contract's release and transfer do not (a plain owner is no signal)."""
         token = rec.token
         back: list[str] = []
+        own_attempts = 0
         for sid in rec.in_flight:
             stored = rec.stored.pop(sid)
             if failure is None:
                 self.remember_done(rec, sid, token, now, ok=True)
+                continue
+            attempts = stored.attempts + 1
+            if attempts >= failure.max_attempts:
+                error = failure.error[:MAX_ERROR_CHARS]
+                rec.dead.append(DeadEntry(sid, stored.record, attempts, error, now))
+                rec.halted = rec.halted or failure.halt
             elif sid != owner or failure.requeue_owner:
-                attempts = stored.attempts + 1
-                if attempts >= failure.max_attempts:
-                    error = failure.error[:MAX_ERROR_CHARS]
-                    rec.dead.append(DeadEntry(sid, stored.record, attempts, error, now))
-                else:
-                    rec.stored[sid] = Stored(stored.record, attempts)
-                    back.append(sid)
+                rec.stored[sid] = Stored(stored.record, attempts)
+                back.append(sid)
+            else:
+                # The invocation's own event: the platform retries it, and that retry resumes
+                # the count (Q1/Q2 read it back from the done memory).
+                own_attempts = attempts
         # The owner's own step is remembered either way: a resend of it must be recognised
         # after a newcomer overwrote p/pt (a failed one is not deduplicated).
         if mark_owner:
-            self.remember_done(rec, owner, token, now, ok=failure is None)
+            self.remember_done(rec, owner, token, now, ok=failure is None, attempts=own_attempts)
         rec.queue[0:0] = back
         rec.in_flight = []
 
@@ -285,6 +313,12 @@ class ProtocolModel:
         rec.idle_since = now
 
     @staticmethod
+    def stored_new(rec: KeyRecord, sid: str, record: str) -> Stored:
+        """A signal stored anew: a failed own event's retry resumes its attempt count."""
+        done = rec.done.get(sid)
+        return Stored(record, done.attempts if done is not None and not done.ok else 0)
+
+    @staticmethod
     def holds(rec: KeyRecord, owner: str, token: int | None) -> bool:
         return rec.owner == owner and (token is None or rec.token == token)
 
@@ -298,8 +332,10 @@ class ProtocolModel:
         owner = rec.owner
         if owner is None:  # every caller grants first; a free key here is a bug in the model
             raise RuntimeError("granted() called on a free key")
-        adopted = None if owner == sid else self.signal(rec, owner, rec.token)
-        return LeaseResult(True, owner, rec.token, adopted=adopted)
+        if owner == sid:
+            stored = rec.stored.get(sid)
+            return LeaseResult(True, owner, rec.token, attempts=stored.attempts if stored else 0)
+        return LeaseResult(True, owner, rec.token, adopted=self.signal(rec, owner, rec.token))
 
     # -- the lease contract (rows L*) -----------------------------------------------------------
 
@@ -353,8 +389,15 @@ class ProtocolModel:
     # -- the signal queue (rows Q*) -------------------------------------------------------------
 
     def acquire_or_enqueue(
-        self, rec: KeyRecord, sid: str, record: str, ttl_ms: int, nonce: str, now: int
-    ) -> LeaseResult:
+        self,
+        rec: KeyRecord,
+        sid: str,
+        record: str,
+        ttl_ms: int,
+        nonce: str,
+        now: int,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+    ) -> LeaseResult | Full:
         self.observe(rec, now)
         if rec.owner is not None and rec.grant_nonce == nonce:
             return self.granted(rec, sid)  # [Q7] a resend of this very call, which was applied
@@ -364,23 +407,30 @@ class ProtocolModel:
             return LeaseResult(False, holder, token)  # [Q5] completed or dead-lettered already
         if holder == sid:
             return LeaseResult(False, holder, token)  # [Q4] a second delivery of the owner
+        known = sid in rec.stored
+        if holder is not None and known:  # [Q3] queued (its place) or in flight (no place)
+            position = rec.queue.index(sid) + 1 if sid in rec.queue else None
+            return LeaseResult(False, holder, token, position=position)
+        if holder is None and not rec.has_work and not rec.halted:
+            # [Q1] free: the signal owns the key and stays in flight
+            self.grant(rec, sid, ttl_ms, now, claimed=True, nonce=nonce, prev=None, prev_token=None)
+            rec.stored[sid] = self.stored_new(rec, sid, record)
+            rec.in_flight.append(sid)
+            return self.granted(rec, sid)
+        if not known and len(rec.queue) >= max_queue:
+            return Full(holder, len(rec.queue))  # [Q8] the queue is at its bound: refused
         if holder is not None:
-            if sid in rec.stored:  # [Q3] queued (its place) or in flight (no place)
-                position = rec.queue.index(sid) + 1 if sid in rec.queue else None
-                return LeaseResult(False, holder, token, position=position)
-            rec.stored[sid] = Stored(record)  # [Q2] queued behind the holder
+            rec.stored[sid] = self.stored_new(rec, sid, record)  # [Q2] queued behind the holder
             rec.queue.append(sid)
             return LeaseResult(False, holder, token, position=len(rec.queue))
-        if not rec.has_work:  # [Q1] free: the signal owns the key and stays in flight
-            self.grant(rec, sid, ttl_ms, now, claimed=True, nonce=nonce, prev=None, prev_token=None)
-            rec.stored[sid] = Stored(record)
-            rec.in_flight.append(sid)
-            return LeaseResult(True, sid, rec.token)
-        # [Q6] orphaned: the dead owner's work first, this signal behind it, the head owns
+        # Free with work pending. [Q9] halted: queued behind the dead letter, nothing runs.
+        # [Q6] orphaned: the dead owner's work first, this signal behind it, the head owns.
         self.requeue_in_flight(rec)
         if sid not in rec.stored:
-            rec.stored[sid] = Stored(record)
+            rec.stored[sid] = self.stored_new(rec, sid, record)
             rec.queue.append(sid)
+        if rec.halted:
+            return LeaseResult(False, None, None, position=rec.queue.index(sid) + 1)
         self.grant_head(rec, ttl_ms, now, claimed=True, nonce=nonce, prev=None, prev_token=None)
         return self.granted(rec, sid)
 
@@ -424,7 +474,7 @@ class ProtocolModel:
             return Lost(rec.owner)  # [N5]
         grant_token = rec.token
         self.complete(rec, owner, now, failure)
-        if not rec.queue:  # [N1] nothing queued: released
+        if not rec.queue or rec.halted:  # [N1] nothing queued (or halted): released
             self.free(rec, owner, now)
             return None
         # [N2] / [N3] the head owns the key now, claimed by the caller or left to a claim
@@ -436,11 +486,26 @@ class ProtocolModel:
         self, rec: KeyRecord, owner: str, token: int, ttl_ms: int, nonce: str, now: int
     ) -> Signal | None:
         self.observe(rec, now)
+        if rec.owner == owner and rec.grant_nonce == nonce and owner in rec.stored:
+            return self.signal(rec, owner, rec.token)  # [C1]/[C4] again: a resend of it
+        if (
+            rec.owner is None
+            and rec.token == token
+            and rec.in_flight[:1] == [owner]
+            and not rec.halted
+        ):
+            # [C4] the grant's lease ran out with its signal still in flight (the receiver
+            # that claimed it died, or the envelope came late): a retry of the envelope runs
+            # it again under a new token, one more attempt counted (G5).
+            self.requeue_in_flight(rec)
+            return self.grant_head(
+                rec, ttl_ms, now, claimed=True, nonce=nonce, prev=None, prev_token=None
+            )
         if rec.owner != owner or rec.token != token or owner not in rec.stored:
             return None  # [C3] stale, forged, or the grant moved on
-        if rec.claimed and rec.grant_nonce != nonce:
+        if rec.claimed:
             return None  # [C2] claimed before by another call (a duplicate envelope)
-        rec.claimed, rec.grant_nonce = True, nonce  # [C1] (or its resend)
+        rec.claimed, rec.grant_nonce = True, nonce  # [C1]
         rec.expires = now + ttl_ms
         return self.signal(rec, owner, token)
 
@@ -452,6 +517,8 @@ class ProtocolModel:
             if rec.grant_nonce == nonce:  # [D3] a resend of this adoption
                 return self.signal(rec, rec.owner, rec.token)
             return None  # [D2] the owner is alive
+        if rec.halted:
+            return None  # [D4] halted: nothing runs until a redrive
         self.requeue_in_flight(rec)
         if not rec.queue:
             return None
@@ -459,6 +526,26 @@ class ProtocolModel:
         return self.grant_head(
             rec, ttl_ms, now, claimed=claim, nonce=nonce, prev=None, prev_token=None
         )
+
+    # -- operators (rows V*) ----------------------------------------------------------------------
+
+    def redrive(self, rec: KeyRecord, ids: tuple[str, ...] | None, now: int) -> int:
+        """[V1] Dead letters (all, or those named) go back to the head of the queue in the
+        order they died, with no attempts counted, and a halted key resumes. A free key is
+        then orphaned work: the next event or the sweeper runs it (D1, Q6). [V2] Nothing
+        matches (a resend of an applied redrive): nothing changes, 0."""
+        self.observe(rec, now)
+        moved = [d for d in rec.dead if ids is None or d.id in ids]
+        if not moved:
+            return 0
+        rec.dead = [d for d in rec.dead if d not in moved]
+        for d in moved:
+            rec.stored[d.id] = Stored(d.record)
+        rec.queue[0:0] = [d.id for d in moved]
+        rec.halted = False
+        if rec.owner is None:
+            rec.expires = -1  # a past deadline: orphaned work as after an expiry, not a release
+        return len(moved)
 
     def inspect(self, rec: KeyRecord, key: str, now: int) -> KeyState:
         self.observe(rec, now)
@@ -471,6 +558,7 @@ class ProtocolModel:
             queued=tuple(self.signal(rec, sid) for sid in rec.queue),
             in_flight=tuple(rec.in_flight),
             dead_letters=tuple(dead_letter(d) for d in rec.dead),
+            halted=rec.halted,
         )
 
 

@@ -12,7 +12,7 @@ from leaseguard.contract import LeaseResult
 from leaseguard.signals import Signal
 
 from .explore import ClientRules
-from .model import Failure, KeyRecord, Lost, ProtocolModel, Stored
+from .model import DEFAULT_MAX_QUEUE, Failure, Full, KeyRecord, Lost, ProtocolModel, Stored
 
 
 class _Model(ProtocolModel):
@@ -79,9 +79,16 @@ class GrantResendUnrecognised(_Model):
     reads its own grant as someone else's (a duplicate)."""
 
     def acquire_or_enqueue(
-        self, rec: KeyRecord, sid: str, record: str, ttl_ms: int, nonce: str, now: int
-    ) -> LeaseResult:
-        result = super().acquire_or_enqueue(rec, sid, record, ttl_ms, nonce, now)
+        self,
+        rec: KeyRecord,
+        sid: str,
+        record: str,
+        ttl_ms: int,
+        nonce: str,
+        now: int,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+    ) -> LeaseResult | Full:
+        result = super().acquire_or_enqueue(rec, sid, record, ttl_ms, nonce, now, max_queue)
         if rec.grant_nonce == nonce:
             rec.grant_nonce = None
         return result
@@ -109,8 +116,10 @@ class FailureDropsTaken(_Model):
 class NoDedupeAfterCompletion(_Model):
     """Completed ids are not remembered: a late resend of a forward queues it again."""
 
-    def remember_done(self, rec: KeyRecord, sid: str, token: int, now: int, ok: bool) -> None:
-        super().remember_done(rec, sid, token, now, ok=False)
+    def remember_done(
+        self, rec: KeyRecord, sid: str, token: int, now: int, ok: bool, attempts: int = 0
+    ) -> None:
+        super().remember_done(rec, sid, token, now, ok=False, attempts=attempts)
 
 
 class AdoptDropsInFlight(_Model):
@@ -151,11 +160,56 @@ class ResentReleaseLost(_Model):
         return super().transfer_to_next(rec, owner, ttl_ms, claim, token, now, failure)
 
 
+class BoundIgnored(_Model):
+    """A forward is queued however long the queue already is (row Q8 missing)."""
+
+    def acquire_or_enqueue(
+        self,
+        rec: KeyRecord,
+        sid: str,
+        record: str,
+        ttl_ms: int,
+        nonce: str,
+        now: int,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+    ) -> LeaseResult | Full:
+        return super().acquire_or_enqueue(rec, sid, record, ttl_ms, nonce, now, 1 << 30)
+
+
+class HaltIgnored(_Model):
+    """A hand-off grants the head of a halted key's queue (row N1's halt missing)."""
+
+    def transfer_to_next(
+        self,
+        rec: KeyRecord,
+        owner: str,
+        ttl_ms: int,
+        claim: bool,
+        token: int | None,
+        now: int,
+        failure: Failure | None = None,
+    ) -> Signal | Lost | None:
+        if failure is not None:
+            failure = replace(failure, halt=False)
+        return super().transfer_to_next(rec, owner, ttl_ms, claim, token, now, failure)
+
+
+class RedriveDrops(_Model):
+    """A redrive clears the dead letters without queueing them (row V1 broken)."""
+
+    def redrive(self, rec: KeyRecord, ids: tuple[str, ...] | None, now: int) -> int:
+        moved = len(rec.dead)
+        rec.dead = []
+        rec.halted = False
+        return moved
+
+
 @dataclass(frozen=True)
 class Mutant:
     name: str
     model_class: type[ProtocolModel]
     rules: ClientRules = field(default_factory=ClientRules)
+    family: str = "core"  # the bounds that can see its rule: "core" (small...) or "queue"
 
     def model(self) -> ProtocolModel:
         return self.model_class() if self.model_class is not ProtocolModel else _Model()
@@ -173,4 +227,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("resent-release-lost", ResentReleaseLost),
     Mutant("ttl-clock-from-reply", ProtocolModel, ClientRules(valid_from_send=False)),
     Mutant("failed-take-completes", ProtocolModel, ClientRules(failed_take_fails_run=False)),
+    Mutant("bound-ignored", BoundIgnored, family="queue"),
+    Mutant("halt-ignored", HaltIgnored, family="queue"),
+    Mutant("redrive-drops", RedriveDrops, family="queue"),
+    Mutant("full-forward-dropped", ProtocolModel, ClientRules(full_fails_visibly=False), "queue"),
 )

@@ -1,13 +1,17 @@
 """Lease providers: one module per backend over one base (:mod:`.base`).
 
 None of these modules imports its client library at import time; constructing a provider does.
+Nor does this package import its modules: each name below loads its module on first use, so
+``leaseguard.providers.base`` (what the guard needs) does not load the Redis and DynamoDB code.
 """
 
-from .base import BaseLeaseProvider
-from .dynamodb import DynamoDBLeaseProvider
-from .memory import InMemoryLeaseProvider
-from .noop import NoopLeaseProvider
-from .redis import RedisLeaseProvider
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .base import BaseLeaseProvider
+    from .dynamodb import DynamoDBLeaseProvider
+    from .memory import InMemoryLeaseProvider
+    from .noop import NoopLeaseProvider
+    from .redis import RedisLeaseProvider
 
 __all__ = [
     "BaseLeaseProvider",
@@ -16,3 +20,30 @@ __all__ = [
     "NoopLeaseProvider",
     "RedisLeaseProvider",
 ]
+
+_MODULES = {
+    "BaseLeaseProvider": "base",
+    "DynamoDBLeaseProvider": "dynamodb",
+    "InMemoryLeaseProvider": "memory",
+    "NoopLeaseProvider": "noop",
+    "RedisLeaseProvider": "redis",
+}
+
+
+# Hidden from type checkers, which see the imports above: with a module __getattr__ in view,
+# mypy would accept any misspelt name as an ``object``.
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> object:
+        module = _MODULES.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from importlib import import_module
+
+        value = getattr(import_module(f"{__name__}.{module}"), name)
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

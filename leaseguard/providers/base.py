@@ -9,11 +9,17 @@ or payload, and every backend accepts exactly the same inputs.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from collections.abc import Iterable
+from typing import ClassVar, Literal
 
 from leaseguard.contract import LeaseResult
 from leaseguard.errors import InvalidLeaseArgument
-from leaseguard.protocol.model import DEFAULT_MAX_ATTEMPTS, MAX_ERROR_CHARS, Failure
+from leaseguard.protocol.model import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_QUEUE,
+    MAX_ERROR_CHARS,
+    Failure,
+)
 from leaseguard.signals import KeyState, Signal, encode_signal
 from leaseguard.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -25,6 +31,9 @@ from leaseguard.validation import (
 )
 
 MAX_TOKEN = 2**63 - 1
+MAX_QUEUE_LIMIT = 1_000_000
+OnPoison = Literal["skip", "halt"]
+ON_POISON = ("skip", "halt")
 
 
 class BaseLeaseProvider(ABC):
@@ -36,10 +45,16 @@ class BaseLeaseProvider(ABC):
 
     atomic_transfer: ClassVar[bool] = True
 
-    def __init__(self, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+    def __init__(
+        self,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+    ) -> None:
         self.max_payload_bytes = check_positive_int(
             "max_payload_bytes", max_payload_bytes, self._payload_ceiling()
         )
+        self.max_queue = check_positive_int("max_queue", max_queue, MAX_QUEUE_LIMIT)
 
     @classmethod
     def _payload_ceiling(cls) -> int:
@@ -71,10 +86,21 @@ class BaseLeaseProvider(ABC):
 
     # -- the signal queue -----------------------------------------------------------------------
 
-    def acquire_or_enqueue(self, key: str, signal: Signal, ttl_ms: int) -> LeaseResult:
+    def acquire_or_enqueue(
+        self, key: str, signal: Signal, ttl_ms: int, *, max_queue: int | None = None
+    ) -> LeaseResult:
+        """``max_queue`` (default: the provider's): a forward into a queue that already holds
+        that many signals raises :class:`~leaseguard.errors.QueueFull` and stores nothing."""
         check_key(key)
         record = self._check_signal(signal)
-        return self._acquire_or_enqueue(key, signal, record, check_ttl(ttl_ms))
+        bound = self.max_queue if max_queue is None else max_queue
+        return self._acquire_or_enqueue(
+            key,
+            signal,
+            record,
+            check_ttl(ttl_ms),
+            check_positive_int("max_queue", bound, MAX_QUEUE_LIMIT),
+        )
 
     def take_signals(
         self, key: str, owner: str, limit: int, *, token: int | None = None
@@ -94,12 +120,17 @@ class BaseLeaseProvider(ABC):
         error: str | None = None,
         requeue_owner: bool = True,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        on_poison: OnPoison = "skip",
     ) -> Signal | None:
         """``error`` (the failure's text) says the owner's run failed: every signal it holds
         in flight goes back to the head of the queue with one more attempt, or is
         dead-lettered at ``max_attempts``; ``requeue_owner=False`` leaves the owner's own
         signal to the platform's retry instead (docs/protocol.md, row G6). A failure report
-        needs the grant's ``token``."""
+        needs the grant's ``token``. ``on_poison="halt"``: a signal dead-lettered by this
+        report halts the key (nothing queued runs until :meth:`redrive`); ``"skip"`` (the
+        default) lets the key move on."""
+        if on_poison not in ON_POISON:
+            raise InvalidLeaseArgument(f"on_poison must be one of {ON_POISON}, got {on_poison!r}")
         failure = None
         if error is not None:
             if not isinstance(error, str):
@@ -112,6 +143,7 @@ class BaseLeaseProvider(ABC):
                 error.encode("utf-8", "replace").decode("utf-8")[:MAX_ERROR_CHARS] or "error",
                 _check_bool("requeue_owner", requeue_owner),
                 check_positive_int("max_attempts", max_attempts, 1000),
+                halt=on_poison == "halt",
             )
         return self._transfer_to_next(
             check_key(key),
@@ -140,6 +172,27 @@ class BaseLeaseProvider(ABC):
 
     def inspect_key(self, key: str) -> KeyState:
         return self._inspect(check_key(key))
+
+    # -- dead letters -----------------------------------------------------------------------------
+
+    def redrive(self, key: str, ids: Iterable[str] | None = None) -> int:
+        """Put the key's dead letters (all, or those with these ``ids``) back at the head of
+        its queue, in the order they failed, with their attempts reset, and resume a halted
+        key; returns how many moved. A free key's redriven work is run by its next event or
+        by ``adopt_orphans`` (the sweeper). Resent after it applied, it moves nothing."""
+        chosen: tuple[str, ...] | None = None
+        if ids is not None:
+            if isinstance(ids, str):
+                raise InvalidLeaseArgument("ids must be an iterable of signal ids, not a str")
+            chosen = tuple(check_owner(i, "signal id") for i in ids)
+            if not chosen:
+                raise InvalidLeaseArgument("ids must name at least one signal (or be None)")
+        return self._redrive(check_key(key), chosen)
+
+    def dead_letter_keys(self, limit: int = 100) -> list[str]:
+        """Keys that hold dead letters, from an index (never a scan of all keys); at most
+        ``limit``, in no particular order."""
+        return self._dead_letter_keys(check_limit(limit))
 
     def _check_signal(self, signal: object) -> str:
         if not isinstance(signal, Signal):
@@ -170,8 +223,9 @@ class BaseLeaseProvider(ABC):
 
     @abstractmethod
     def _acquire_or_enqueue(
-        self, key: str, signal: Signal, record: str, ttl_ms: int
-    ) -> LeaseResult: ...
+        self, key: str, signal: Signal, record: str, ttl_ms: int, max_queue: int
+    ) -> LeaseResult:
+        """Raises :class:`~leaseguard.errors.QueueFull` for row Q8."""
 
     @abstractmethod
     def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]: ...
@@ -198,6 +252,12 @@ class BaseLeaseProvider(ABC):
 
     @abstractmethod
     def _inspect(self, key: str) -> KeyState: ...
+
+    @abstractmethod
+    def _redrive(self, key: str, ids: tuple[str, ...] | None) -> int: ...
+
+    @abstractmethod
+    def _dead_letter_keys(self, limit: int) -> list[str]: ...
 
 
 def check_token(token: object) -> int | None:

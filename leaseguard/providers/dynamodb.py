@@ -21,7 +21,9 @@ second write conditional on the first refusal's snapshot, then deletes their pay
   lists, FIFO), ``f``/``fn`` the same for signals in flight, ``a`` failed-attempt counts of
   stored signals (sparse map), ``d`` the completed-id memory ([G2] [G6]: batches of ids, each
   ended by a marker ``±(at * 10**20 + token)``), ``x``/``xn`` dead-lettered ids and their
-  payload refs, ``ttl`` (epoch seconds) and ``gp``/``gx`` for the orphan index;
+  payload refs, ``h`` halted (present only while halted: [G6] sets it under
+  ``on_poison="halt"``, [V1] removes it), ``ttl`` (epoch seconds), ``gp``/``gx`` for the orphan
+  index and ``gd`` for the dead-letter index;
 * one payload item per signal, ``sk="sig#<ref>"`` with a random ``ref``, holding ``i`` (signal
   id), ``r`` (:func:`~leaseguard.signals.encode_signal` text), ``ttl``, and for a dead letter
   ``de``/``da``/``df`` (error, attempts, when). Payloads live outside the lease item so a
@@ -29,6 +31,12 @@ second write conditional on the first refusal's snapshot, then deletes their pay
   delete a later signal that reused the same id. Only a completing owner deletes payloads (the
   ones its write removed from the lease item); an enqueuer never does, since a write of its own
   may still be applied after its reply was lost: unreferenced payloads are reaped by their TTL.
+  A record too large for one item (over ``ITEM_RECORD_BYTES``, ~392 KiB) is split: its ref is
+  ``<random>.<n>``, the head item holds the first piece as ``r`` and ``sig#<ref>#1`` ...
+  ``sig#<ref>#<n-1>`` the others (each with ``i`` and the same ``ttl``). All are written (with
+  ``BatchWriteItem``) before the lease write that references the ref, read in the same
+  ``BatchGetItem`` as other payloads and joined, renewed and deleted together; a payload with
+  any item gone counts as gone.
 
 **Fencing tokens** are ``SET t = if_not_exists(t, :floor) + 1`` where ``:floor`` is the
 caller's clock in microseconds. A release updates the item (it never deletes it), so the token
@@ -53,7 +61,17 @@ have signals queued or in flight, and ``gx`` is the owner's deadline when it was
 (0 after a release). :meth:`adopt_orphans` queries ``gx < now - clock_skew_ms`` in each shard and
 re-checks every candidate with a consistent read and a conditional write. Renewals do not move
 ``gx`` (that would add an index write to every renewal); a candidate whose owner renewed is
-re-indexed when the sweep meets it.
+re-indexed when the sweep meets it. A halted key leaves the index ([N1] with ``h``; a sweep
+that meets one anyway removes it, [D4]); a redrive ([V1]) puts it back.
+
+**Dead letters.** ``gd`` is the key of a second sparse GSI (``dead_letters``, keys only), set
+to one of ``orphan_shards`` values by the write that dead-letters a signal and removed by the
+redrive that moves the last one: :meth:`dead_letter_keys` queries it, never a Scan.
+
+**Backpressure.** A forward that would be queued behind ``max_queue`` others is refused
+([Q8], :class:`~leaseguard.errors.QueueFull`): the append is conditional on the queue's size,
+and the refused call deletes the payload item it wrote (the refusal shows that no write of the
+call references it).
 
 **Retries.** botocore retries throttling, 5xx, timeouts and connection errors (standard mode,
 4 attempts in all by default); what still fails is :class:`~leaseguard.errors.LeaseBackendError`.
@@ -68,6 +86,7 @@ implements.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
@@ -85,8 +104,9 @@ from leaseguard.errors import (
     InvalidLeaseArgument,
     LeaseBackendError,
     LeaseLostError,
+    QueueFull,
 )
-from leaseguard.protocol.model import DEDUPE_WINDOW_MS, DONE_LIMIT, Failure
+from leaseguard.protocol.model import DEDUPE_WINDOW_MS, DEFAULT_MAX_QUEUE, DONE_LIMIT, Failure
 from leaseguard.signals import DeadLetter, KeyState, Signal, decode_signal
 from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_positive_int
 
@@ -99,19 +119,29 @@ if TYPE_CHECKING:
 LEASE_SK = "lease"
 SIGNAL_SK_PREFIX = "sig#"
 ORPHAN_INDEX = "orphans"
+DEAD_LETTER_INDEX = "dead_letters"
 DEFAULT_CLOCK_SKEW_MS = 1_000
 DEFAULT_RETENTION_S = 7 * 86_400
 DEFAULT_ORPHAN_SHARDS = 8
 DEFAULT_MAX_ATTEMPTS = 4
-# DynamoDB's item limit is 400 KB; the key, the signal id and the attribute names of a payload
-# item take at most a few KiB of it.
-DYNAMODB_MAX_PAYLOAD_BYTES = 400 * 1024 - 8 * 1024
+# DynamoDB's item limit is 400 KB; the key, the signal id, a dead letter's error and the
+# attribute names of a payload item take at most a few KiB of it. A signal record (its payload
+# plus the ``{"at":...,"p":...}`` envelope) of up to this many UTF-8 bytes is one item; a larger
+# one is split into pieces of at most this size, one item each.
+ITEM_RECORD_BYTES = 400 * 1024 - 8 * 1024 + 64
+# The largest max_payload_bytes (the base providers' ceiling): 168 items, 7 BatchWriteItem.
+DYNAMODB_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+# Separates a split payload's random ref from its item count (``<nonce>.<n>``) and a piece's
+# index from the ref in its sort key (``sig#<nonce>.<n>#<i>``).
+_SPLIT = "."
+_PIECE = "#"
 # How often one step re-reads and retries when another writer changed the item in between.
 _OPTIMISTIC_ATTEMPTS = 32
 # A take moves at most this many signals per write: an UpdateExpression is limited to 4 KB.
 _TAKE_BATCH = 100
 _BATCH_GET = 100
 _BATCH_WRITE = 25
+_BATCH_WRITE_BYTES = 12 * 1024 * 1024  # of a request's items as sent (DynamoDB allows 16 MB)
 # The completed-id memory ([G2]): a completion marker in ``d`` is ``±(at * _MARK + token)``.
 _MARK = 10**20
 # Besides DONE_LIMIT ids, at most this many bytes of ids are remembered (ids may be 1 KiB each;
@@ -145,6 +175,8 @@ _NAMES = {
         "ttl",
         "gp",
         "gx",
+        "gd",
+        "h",
         "a",
         "d",
         "x",
@@ -183,6 +215,8 @@ def _av(value: object) -> dict[str, Any]:
     """A Python value as a DynamoDB attribute value (only the shapes this module stores)."""
     if isinstance(value, bool):
         return {"BOOL": value}
+    if isinstance(value, bytes):
+        return {"B": value}
     if isinstance(value, int):
         return {"N": str(value)}
     if isinstance(value, str):
@@ -212,11 +246,13 @@ def _strings(item: Mapping[str, Any], name: str) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class _Done:
     """One remembered completion ([G6]): the grant's token (0 when the completing call named
-    none), when, and whether it succeeded (a failed one is not deduplicated)."""
+    none), when, whether it succeeded (a failed one is not deduplicated) and, for a failed
+    own event, its failed runs so far (its platform retry resumes them: [Q1] [Q2] [Q6] [Q9])."""
 
     token: int
     at: int
     ok: bool
+    attempts: int = 0
 
 
 def _marker(at: int, token: int, ok: bool) -> int:
@@ -233,17 +269,17 @@ def _done_view(elements: Sequence[Mapping[str, Any]], now: int) -> dict[str, _Do
     DONE_LIMIT ids or DONE_BYTES bytes of ids, are forgotten even while still stored.
     """
     view: dict[str, _Done] = {}
-    batch: list[str] = []
+    batch: list[tuple[str, int]] = []
     for element in elements:
         sid = _element_id(element)
         if sid is not None:
-            batch.append(sid)
+            batch.append((sid, _element_attempts(element)))
         elif "N" in element:
             value = int(element["N"])
-            done = _Done(abs(value) % _MARK, abs(value) // _MARK, value > 0)
-            for sid in batch:
+            token, at, ok = abs(value) % _MARK, abs(value) // _MARK, value > 0
+            for sid, attempts in batch:
                 view.pop(sid, None)
-                view[sid] = done
+                view[sid] = _Done(token, at, ok, 0 if ok else attempts)
             batch = []
     horizon = now - DEDUPE_WINDOW_MS
     ids = [sid for sid, done in view.items() if done.at > horizon]
@@ -257,13 +293,30 @@ def _done_view(elements: Sequence[Mapping[str, Any]], now: int) -> dict[str, _Do
 
 
 def _element_id(element: Mapping[str, Any]) -> str | None:
-    """The id an element of ``d`` names: S for a completed id, L[S] for an owner whose run
-    failed (nested, so that ``contains(#d, :me)`` only matches ids to deduplicate)."""
+    """The id an element of ``d`` names: S for a completed id, L[S] or L[S, N] for an owner
+    whose run failed (nested, so that ``contains(#d, :me)`` only matches ids to deduplicate;
+    the N is its failed runs so far). A B element (:func:`_resume_tag`) names no entry."""
     if "S" in element:
         return str(element["S"])
     if "L" in element and element["L"] and "S" in element["L"][0]:
         return str(element["L"][0]["S"])
     return None
+
+
+def _element_attempts(element: Mapping[str, Any]) -> int:
+    """The failed runs a failed owner's element (L[S, N]) carries; 0 for any other."""
+    nested = element.get("L")
+    if nested and len(nested) > 1 and "N" in nested[1]:
+        return int(nested[1]["N"])
+    return 0
+
+
+def _resume_tag(signal_id: str) -> bytes:
+    """The B element that follows a failed owner's L[S, N] element in ``d`` when N > 0: a
+    scalar that the blind [Q1] / [Q2] writes can refuse on (``NOT contains(#d, :tag)``), since
+    a signal stored anew with that id resumes the count and needs the snapshot-based write. A
+    B value never equals an id (S) or a marker (N)."""
+    return signal_id.encode("utf-8")
 
 
 def _prunable(elements: Sequence[Mapping[str, Any]], view: Mapping[str, _Done]) -> int:
@@ -314,6 +367,7 @@ class _Lease:
     dead_refs: tuple[str, ...] = ()
     indexed: bool = False
     index_at: int | None = None
+    halted: bool = False
 
     @classmethod
     def parse(cls, item: Mapping[str, Any] | None) -> _Lease:
@@ -343,6 +397,7 @@ class _Lease:
             dead_refs=_strings(item, "xn"),
             indexed="gp" in item,
             index_at=_n(item, "gx"),
+            halted="h" in item,
         )
 
     def live_owner(self, owner: str, now: int) -> bool:
@@ -353,6 +408,15 @@ class _Lease:
         """:meth:`live_owner`, with a token, and with exactly ``token`` when one is given."""
         return (
             self.live_owner(owner, now) and self.token is not None and token in (None, self.token)
+        )
+
+    def free_for(self, owner: str, now: int, cutoff: int) -> bool:
+        """Free as far as ``owner`` is concerned (the condition ``_FREE_FOR_ME``): nobody holds
+        it, or it is ``owner``'s own lease that ran out by ``owner``'s clock."""
+        return (
+            self.owner is None
+            or self.expiry < cutoff
+            or (self.owner == owner and self.expiry <= now)
         )
 
     def holder(self, cutoff: int) -> str | None:
@@ -437,12 +501,13 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
         region_name: str | None = None,
         clock_skew_ms: int = DEFAULT_CLOCK_SKEW_MS,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_queue: int = DEFAULT_MAX_QUEUE,
         clock: Callable[[], int] | None = None,
         retry_config: Config | None = None,
         retention_s: int = DEFAULT_RETENTION_S,
         orphan_shards: int = DEFAULT_ORPHAN_SHARDS,
     ) -> None:
-        super().__init__(max_payload_bytes=max_payload_bytes)
+        super().__init__(max_payload_bytes=max_payload_bytes, max_queue=max_queue)
         if not isinstance(table_name, str) or not 3 <= len(table_name) <= 255:
             raise InvalidLeaseArgument("table_name must be a str of 3 to 255 characters")
         if isinstance(clock_skew_ms, bool) or not isinstance(clock_skew_ms, int):
@@ -472,8 +537,9 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
     # -- the table ------------------------------------------------------------------------------
 
     def create_table(self, *, wait: bool = True) -> None:
-        """Create the table (on-demand billing, the ``orphans`` GSI) and enable TTL on ``ttl``.
-        Idempotent: an existing table is checked for the index and left as it is."""
+        """Create the table (on-demand billing, the ``orphans`` and ``dead_letters`` GSIs) and
+        enable TTL on ``ttl``. Idempotent: an existing table is checked for the indexes and
+        left as it is."""
         try:
             self.client.create_table(
                 TableName=self.table_name,
@@ -487,6 +553,7 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                     {"AttributeName": "sk", "AttributeType": "S"},
                     {"AttributeName": "gp", "AttributeType": "S"},
                     {"AttributeName": "gx", "AttributeType": "N"},
+                    {"AttributeName": "gd", "AttributeType": "S"},
                 ],
                 GlobalSecondaryIndexes=[
                     {
@@ -496,7 +563,12 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                             {"AttributeName": "gx", "KeyType": "RANGE"},
                         ],
                         "Projection": {"ProjectionType": "KEYS_ONLY"},
-                    }
+                    },
+                    {
+                        "IndexName": DEAD_LETTER_INDEX,
+                        "KeySchema": [{"AttributeName": "gd", "KeyType": "HASH"}],
+                        "Projection": {"ProjectionType": "KEYS_ONLY"},
+                    },
                 ],
             )
         except self._client_error as exc:
@@ -511,11 +583,12 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                 )
             table = self.client.describe_table(TableName=self.table_name)["Table"]
             indexes = {i["IndexName"] for i in table.get("GlobalSecondaryIndexes", [])}
-            if ORPHAN_INDEX not in indexes:
-                raise ConfigurationError(
-                    f"table {self.table_name!r} exists without the {ORPHAN_INDEX!r} index "
-                    "(see docs/dynamodb.md for the schema)"
-                )
+            for index in (ORPHAN_INDEX, DEAD_LETTER_INDEX):
+                if index not in indexes:
+                    raise ConfigurationError(
+                        f"table {self.table_name!r} exists without the {index!r} index "
+                        "(see docs/dynamodb.md for the schema)"
+                    )
             ttl = self.client.describe_time_to_live(TableName=self.table_name)
             status = ttl.get("TimeToLiveDescription", {}).get("TimeToLiveStatus")
             if status not in ("ENABLED", "ENABLING"):
@@ -589,14 +662,31 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
     def _payload_items(
         self, key: str, refs: Sequence[str], extra: Sequence[str] = ()
     ) -> dict[str, dict[str, Any]]:
-        """Payload items by ref (``r`` and the ``extra`` attributes), consistent reads."""
+        """Payload items by ref (``r`` and the ``extra`` attributes), consistent reads. A split
+        payload's pieces are read in the same requests and joined into ``r``; one whose head or
+        any piece is gone (TTL) is missing from the result, as a payload item that is gone."""
+        unique = list(dict.fromkeys(refs))
+        got = self._get_items(
+            key, [sk for ref in unique for sk in _item_sks(ref)], ["sk", "r", *extra]
+        )
         found: dict[str, dict[str, Any]] = {}
-        names = ["sk", "r", *extra]
-        for start in range(0, len(refs), _BATCH_GET):
-            keys = [
-                {"pk": {"S": key}, "sk": {"S": SIGNAL_SK_PREFIX + ref}}
-                for ref in dict.fromkeys(refs[start : start + _BATCH_GET])
-            ]
+        for ref in unique:
+            parts = [got.get(sk) for sk in _item_sks(ref)]
+            if any(part is None or "r" not in part for part in parts):
+                continue
+            item = dict(parts[0] or {})
+            if len(parts) > 1:
+                item["r"] = {"S": "".join(str(part["r"]["S"]) for part in parts if part)}
+            found[ref] = item
+        return found
+
+    def _get_items(self, key: str, sks: Sequence[str], names: Sequence[str]) -> dict[str, Any]:
+        """Items of ``key`` by sort key (BatchGetItem: 100 keys a request; what a response
+        leaves out, over its 16 MB or throttled, is asked for again). Absent items are
+        missing from the result."""
+        found: dict[str, Any] = {}
+        for start in range(0, len(sks), _BATCH_GET):
+            keys = [{"pk": {"S": key}, "sk": {"S": sk}} for sk in sks[start : start + _BATCH_GET]]
             for _ in range(_OPTIMISTIC_ATTEMPTS):
                 response = self._call(
                     "BatchGetItem",
@@ -612,13 +702,14 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                         }
                     },
                 )
-                for item in response.get("Responses", {}).get(self.table_name, []):
-                    if "r" in item:
-                        found[str(item["sk"]["S"])[len(SIGNAL_SK_PREFIX) :]] = dict(item)
+                items = response.get("Responses", {}).get(self.table_name, [])
+                for item in items:
+                    found[str(item["sk"]["S"])] = dict(item)
                 keys = response.get("UnprocessedKeys", {}).get(self.table_name, {}).get("Keys")
                 if not keys:
                     break
-                time.sleep(random.uniform(0.005, 0.05))
+                if not items:  # throttled (a response over 16 MB still made progress)
+                    time.sleep(random.uniform(0.005, 0.05))
             else:
                 raise LeaseBackendError(f"DynamoDB kept throttling payload reads of {key!r}")
         return found
@@ -634,45 +725,111 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
         return decode_signal(signal_id, stored, token, lease.attempts.get(signal_id, 0))
 
     def _put_signal(self, key: str, signal_id: str, record: str, now: int) -> str:
+        """Store a signal record before any lease write references it; returns its ref. A
+        record that fits one item is one PutItem; a larger one is split into pieces, one item
+        each, written with BatchWriteItem (the ref then ends in ``.<number of items>``). A
+        resend rewrites identical items; pieces of a call that failed are reaped by their TTL,
+        as nothing references them."""
         ref = _nonce()
-        self._call(
-            "PutItem",
-            self.client.put_item,
-            {
-                "TableName": self.table_name,
-                "Item": {
-                    "pk": {"S": key},
-                    "sk": {"S": SIGNAL_SK_PREFIX + ref},
-                    "i": {"S": signal_id},
-                    "r": {"S": record},
-                    "ttl": {"N": str(now // 1000 + self.retention_s)},
+        ttl = {"N": str(now // 1000 + self.retention_s)}
+        pieces = _split(record)
+        if len(pieces) == 1:
+            self._call(
+                "PutItem",
+                self.client.put_item,
+                {
+                    "TableName": self.table_name,
+                    "Item": {
+                        "pk": {"S": key},
+                        "sk": {"S": SIGNAL_SK_PREFIX + ref},
+                        "i": {"S": signal_id},
+                        "r": {"S": record},
+                        "ttl": ttl,
+                    },
                 },
-            },
-        )
+            )
+            return ref
+        ref = f"{ref}{_SPLIT}{len(pieces)}"
+        puts = [
+            {
+                "PutRequest": {
+                    "Item": {
+                        "pk": {"S": key},
+                        "sk": {"S": sk},
+                        "i": {"S": signal_id},
+                        "r": {"S": piece},
+                        "ttl": ttl,
+                    }
+                }
+            }
+            for sk, piece in zip(_item_sks(ref), pieces, strict=True)
+        ]
+        # A BatchWriteItem request is at most 16 MB as sent: JSON with \u escapes, up to three
+        # times a piece's UTF-8 size (2-byte characters), so requests are also cut by that size.
+        sizes = [len(json.dumps(put)) for put in puts]
+        if not self._write_items(puts, sizes):
+            raise LeaseBackendError(f"DynamoDB kept throttling payload writes of {key!r}")
         return ref
 
-    def _delete_signals(self, key: str, refs: Sequence[str]) -> None:
-        """Best-effort removal of payload items nothing references any more: a failure leaves
-        garbage that the items' own TTL removes, and must not fail the step that completed."""
-        requests = [
-            {"DeleteRequest": {"Key": {"pk": {"S": key}, "sk": {"S": SIGNAL_SK_PREFIX + ref}}}}
-            for ref in dict.fromkeys(refs)
-        ]
-        for start in range(0, len(requests), _BATCH_WRITE):
-            pending: Any = requests[start : start + _BATCH_WRITE]
-            for _ in range(8):
-                try:
-                    response = self._call(
-                        "BatchWriteItem",
-                        self.client.batch_write_item,
-                        {"RequestItems": {self.table_name: pending}},
-                    )
-                except LeaseBackendError:
-                    return
+    def _write_items(
+        self, requests: Sequence[Mapping[str, Any]], sizes: Sequence[int] | None = None
+    ) -> bool:
+        """BatchWriteItem, 25 requests (and, with their ``sizes`` as sent, _BATCH_WRITE_BYTES)
+        at a time, unprocessed ones sent again (a few times, with a pause). False when some
+        stayed unprocessed; request errors raise."""
+        batches: list[list[Mapping[str, Any]]] = []
+        total = 0
+        for n, request in enumerate(requests):
+            size = sizes[n] if sizes is not None else 0
+            if not batches or len(batches[-1]) >= _BATCH_WRITE or total + size > _BATCH_WRITE_BYTES:
+                batches.append([])
+                total = 0
+            batches[-1].append(request)
+            total += size
+        done = True
+        for batch in batches:
+            pending: Any = batch
+            for attempt in range(8):
+                if attempt:
+                    time.sleep(random.uniform(0.005, 0.05) * attempt)
+                response = self._call(
+                    "BatchWriteItem",
+                    self.client.batch_write_item,
+                    {"RequestItems": {self.table_name: pending}},
+                )
                 pending = response.get("UnprocessedItems", {}).get(self.table_name)
                 if not pending:
                     break
-                time.sleep(random.uniform(0.005, 0.05))
+            else:
+                done = False
+        return done
+
+    def _delete_signals(self, key: str, refs: Sequence[str]) -> None:
+        """Best-effort removal of payload items (a split payload's pieces too) nothing
+        references any more: a failure leaves garbage that the items' own TTL removes, and must
+        not fail the step that completed."""
+        requests = [
+            {"DeleteRequest": {"Key": {"pk": {"S": key}, "sk": {"S": sk}}}}
+            for ref in dict.fromkeys(refs)
+            for sk in _item_sks(ref)
+        ]
+        with contextlib.suppress(LeaseBackendError):
+            self._write_items(requests)
+
+    def _renew_payloads(self, key: str, refs: Sequence[str], now: int, *, pieces: bool) -> None:
+        """Move the TTL of stored payload items to ``retention_s`` from ``now`` (only the pieces
+        of a split payload, after its head, with ``pieces``). One conditional UpdateItem per
+        item: one already gone (TTL) stays gone."""
+        for ref in dict.fromkeys(refs):
+            for sk in _item_sks(ref)[1 if pieces else 0 :]:
+                with contextlib.suppress(_ConditionFailed):
+                    self._update(
+                        key,
+                        "SET #ttl = :ttl",
+                        "attribute_exists(#r)",
+                        {":ttl": self._ttl(now)},
+                        sk=sk,
+                    )
 
     def _times(self) -> tuple[int, int]:
         now = int(self._clock())
@@ -684,38 +841,44 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
     def _shard(self, key: str) -> str:
         return f"orph#{zlib.crc32(key.encode('utf-8')) % self.orphan_shards}"
 
+    def _dead_shard(self, key: str) -> str:
+        """``gd``: the key's partition of the ``dead_letters`` index (as ``orph#`` for orphans)."""
+        return f"dead#{zlib.crc32(key.encode('utf-8')) % self.orphan_shards}"
+
     # -- the contract ---------------------------------------------------------------------------
 
     def _acquire(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
+        old: _Lease | None = None
         for _ in range(_OPTIMISTIC_ATTEMPTS):
             now, cutoff = self._times()
             version = _nonce()
             try:
-                # [L3] free (or our own expired lease): a new grant. A dead owner's in-flight
-                # signals are not this owner's to complete: they go back to the head of the
-                # queue (the key stays in the orphan index). No grant nonce ([G3] nonce=None).
-                attrs = self._update(
-                    key,
-                    "SET #o = :me, #e = :exp, #t = if_not_exists(#t, :floor) + :one, #c = :true,"
-                    " #v = :v, #ttl = :ttl,"
-                    " #q = list_append(if_not_exists(#f, :empty), if_not_exists(#q, :empty)),"
-                    " #qn = list_append(if_not_exists(#fn, :empty), if_not_exists(#qn, :empty))"
-                    " REMOVE #p, #pt, #w, #k, #kn, #f, #fn",
-                    _FREE_FOR_ME,
-                    {
-                        ":me": owner,
-                        ":exp": now + ttl_ms,
-                        ":floor": now * 1000,
-                        ":one": 1,
-                        ":true": True,
-                        ":v": version,
-                        ":ttl": self._ttl(now + ttl_ms),
-                        ":now": now,
-                        ":cutoff": cutoff,
-                        ":empty": [],
-                    },
-                    returns="UPDATED_NEW",
-                )
+                if old is not None and old.in_flight and old.free_for(owner, now, cutoff):
+                    attrs = self._take_over_in_flight(key, old, owner, ttl_ms, version, now, cutoff)
+                else:
+                    # [L3] free (or our own expired lease) with nothing in flight: a new grant
+                    # in one blind write. No grant nonce ([G3] nonce=None). A dead owner's
+                    # in-flight signals make it refuse: [G5] counts an attempt for each, which
+                    # needs their ids (the refusal's ALL_OLD has them).
+                    attrs = self._update(
+                        key,
+                        "SET #o = :me, #e = :exp, #t = if_not_exists(#t, :floor) + :one,"
+                        " #c = :true, #v = :v, #ttl = :ttl REMOVE #p, #pt, #w, #k, #kn",
+                        f"{_FREE_FOR_ME} AND (attribute_not_exists(#f) OR size(#f) = :zero)",
+                        {
+                            ":me": owner,
+                            ":exp": now + ttl_ms,
+                            ":floor": now * 1000,
+                            ":one": 1,
+                            ":zero": 0,
+                            ":true": True,
+                            ":v": version,
+                            ":ttl": self._ttl(now + ttl_ms),
+                            ":now": now,
+                            ":cutoff": cutoff,
+                        },
+                        returns="UPDATED_NEW",
+                    )
                 return LeaseResult(True, owner, _n(attrs, "t"))
             except _ConditionFailed as failed:
                 old = failed.lease
@@ -724,10 +887,57 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
             if old.live_owner(owner, now):  # [L1] the owner again: same token, new deadline
                 if old.token is not None and self._refresh(key, owner, old.token, ttl_ms):
                     return LeaseResult(True, owner, old.token)
+                old = None
                 continue
-            if old.holder(cutoff) is not None:  # [L2] refused, naming the holder
+            if not old.free_for(owner, now, cutoff):  # [L2] refused, naming the holder
                 return LeaseResult(False, old.holder(cutoff), old.token)
         raise LeaseBackendError(f"acquire of {key!r} did not settle under contention")
+
+    def _take_over_in_flight(
+        self,
+        key: str,
+        lease: _Lease,
+        owner: str,
+        ttl_ms: int,
+        version: str,
+        now: int,
+        cutoff: int,
+    ) -> dict[str, Any]:
+        """[L3] with a dead owner's signals in flight: [G5] they go back to the head of the
+        queue, each with one more attempt (the key stays in the orphan index), and [G3] the
+        new grant. Conditional on the snapshot (its version; appends at the tail allowed)."""
+        unchanged, values = lease.unchanged()
+        attempts = dict(lease.attempts)
+        for sid in lease.in_flight:
+            attempts[sid] = attempts.get(sid, 0) + 1
+        values.update(
+            {
+                ":me": owner,
+                ":exp": now + ttl_ms,
+                ":floor": now * 1000,
+                ":one": 1,
+                ":true": True,
+                ":v": version,
+                ":ttl": self._ttl(now + ttl_ms),
+                ":now": now,
+                ":cutoff": cutoff,
+                ":empty": [],
+                ":rq": list(lease.in_flight),
+                ":rqn": list(lease.in_flight_refs),
+                ":a": attempts,
+            }
+        )
+        return self._update(
+            key,
+            "SET #o = :me, #e = :exp, #t = if_not_exists(#t, :floor) + :one, #c = :true,"
+            " #v = :v, #ttl = :ttl, #a = :a,"
+            " #q = list_append(:rq, if_not_exists(#q, :empty)),"
+            " #qn = list_append(:rqn, if_not_exists(#qn, :empty))"
+            " REMOVE #p, #pt, #w, #k, #kn, #f, #fn",
+            f"{unchanged} AND {_FREE_FOR_ME}",
+            values,
+            returns="UPDATED_NEW",
+        )
 
     def _refresh(self, key: str, owner: str, token: int, ttl_ms: int) -> bool:
         """[L1] The current owner acquiring again: a new deadline, the same token."""
@@ -846,15 +1056,15 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
     # -- the signal queue -----------------------------------------------------------------------
 
     def _acquire_or_enqueue(
-        self, key: str, signal: Signal, record: str, ttl_ms: int
+        self, key: str, signal: Signal, record: str, ttl_ms: int, max_queue: int
     ) -> LeaseResult:
         me = signal.id
         now, _ = self._times()
         # The payload item is written first, so no lease item ever references a payload that is
-        # not there yet. It is never deleted here: a write of this call may have been applied
-        # with its reply lost (or after botocore gave up), so only the completing owner, which
-        # sees the lease item reference it, deletes it; an unreferenced one (a duplicate) is
-        # reaped by its TTL.
+        # not there yet. It is not deleted here when the signal turns out to be a duplicate: a
+        # write of this call may have been applied with its reply lost (or after botocore gave
+        # up), so only the completing owner, which sees the lease item reference it, deletes
+        # it; an unreferenced one is reaped by its TTL. The one exception is [Q8] below.
         ref = self._put_signal(key, me, record, now)
         nonce = _nonce()  # this call's grant nonce: [Q7] recognises its applied grants
         lease: _Lease | None = None
@@ -877,23 +1087,60 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
             if self._forget(key, lease, me, view):
                 lease = None  # a forgotten entry of ours blocked the conditions: again
                 continue
+            # A retry of an own event whose run failed resumes its count (model stored_new);
+            # its done entry's tag makes the blind [Q1] / [Q2] writes refuse, so it is stored
+            # by a write conditional on this snapshot instead.
+            resume = done.attempts if done is not None else 0
             if holder == me:
                 return LeaseResult(False, holder, token)  # [Q4] a second delivery of the owner
+            known = me in lease.queue or me in lease.in_flight
+            if holder is not None and known:
+                # [Q3] queued (its place) or in flight (no place)
+                position = lease.queue.index(me) + 1 if me in lease.queue else None
+                return LeaseResult(False, holder, token, position=position)
+            if holder is None and not lease.pending and not lease.halted:
+                if not resume:
+                    lease = None  # free and idle again: [Q1] once more
+                    continue
+                granted = self._grant_resumed(
+                    key, lease, me, ref, ttl_ms, nonce, resume, now, cutoff
+                )
+                if isinstance(granted, LeaseResult):
+                    return granted
+                lease = granted
+                continue
+            if not known and len(lease.queue) >= max_queue:
+                # [Q8] the queue is at its bound: refused, nothing stored. The refusal just seen
+                # is the item as it stands and no write of this call references ``ref`` in it
+                # (each was refused, or it would show here as [Q7] / [Q3] / [Q5]), so the
+                # payload item is deleted: a refused forward leaves nothing behind.
+                self._delete_signals(key, [ref])
+                raise QueueFull(key, len(lease.queue), max_queue, holder)
+            resumed = (lease, resume) if resume else None
             if holder is not None:
-                if me in lease.queue:  # [Q3] queued: its place
-                    return LeaseResult(False, holder, token, position=lease.queue.index(me) + 1)
-                if me in lease.in_flight:  # [Q3] in flight: no place
-                    return LeaseResult(False, holder, token, position=None)
-                appended = self._append(key, me, ref, cutoff)  # [Q2]
+                appended = self._append(key, me, ref, cutoff, max_queue, resumed=resumed)  # [Q2]
                 if isinstance(appended, LeaseResult):
                     return appended
                 lease = appended
                 continue
-            if not lease.pending:
-                lease = None  # free and idle again: [Q1] once more
+            if lease.halted:
+                # [Q9] free and halted: queued behind the dead letter, nothing is granted
+                if lease.in_flight:
+                    queued = self._requeue_halted(key, lease, (me, ref), cutoff, resume)
+                elif not known:
+                    queued = self._append(
+                        key, me, ref, cutoff, max_queue, halted=True, resumed=resumed
+                    )
+                else:  # already queued, nothing in flight: nothing to write
+                    queued = LeaseResult(False, None, None, position=lease.queue.index(me) + 1)
+                if isinstance(queued, LeaseResult):
+                    return queued
+                lease = queued
                 continue
             # [Q6] orphaned: the dead owner's work first, this signal behind it, the head owns
-            adopted = self._grant_orphan(key, lease, ttl_ms, True, (me, ref), nonce, now, cutoff)
+            adopted = self._grant_orphan(
+                key, lease, ttl_ms, True, (me, ref), nonce, now, cutoff, resume=resume
+            )
             if isinstance(adopted, _Retry):
                 lease = adopted.lease
                 continue
@@ -902,25 +1149,28 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                 continue
             head, owner_signal = adopted
             if head == me:
-                return LeaseResult(True, me, owner_signal.token)
+                return LeaseResult(True, me, owner_signal.token, attempts=owner_signal.attempts)
             return LeaseResult(True, head, owner_signal.token, adopted=owner_signal)
         raise LeaseBackendError(f"acquire_or_enqueue on {key!r} did not settle")
 
     def _grant_free(
         self, key: str, me: str, ref: str, ttl_ms: int, nonce: str, now: int, cutoff: int
     ) -> LeaseResult | _Lease:
-        """[Q1] free, nothing queued or in flight, ``me`` neither completed nor dead-lettered:
-        ``me`` owns the key and stays in flight. Otherwise the item as it stands (ALL_OLD)."""
+        """[Q1] free, nothing queued or in flight, not halted, ``me`` neither completed nor
+        dead-lettered: ``me`` owns the key and stays in flight. Otherwise the item as it stands
+        (ALL_OLD)."""
         try:
             attrs = self._update(
                 key,
                 "SET #o = :me, #e = :exp, #t = if_not_exists(#t, :floor) + :one,"
                 " #c = :true, #w = :w, #v = :v, #f = :f, #fn = :fn, #gp = :shard, #gx = :exp,"
                 " #ttl = :ttl REMOVE #p, #pt, #k, #kn, #a",
-                f"{_TAKEOVER} AND {_NOTHING_PENDING}"
-                " AND NOT contains(#d, :me) AND NOT contains(#x, :me)",
+                f"{_TAKEOVER} AND {_NOTHING_PENDING} AND attribute_not_exists(#h)"
+                " AND NOT contains(#d, :me) AND NOT contains(#d, :tag)"
+                " AND NOT contains(#x, :me)",
                 {
                     ":me": me,
+                    ":tag": _resume_tag(me),
                     ":exp": now + ttl_ms,
                     ":floor": now * 1000,
                     ":one": 1,
@@ -940,11 +1190,67 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
             return failed.lease
         return LeaseResult(True, me, _n(attrs, "t"))
 
+    def _grant_resumed(
+        self,
+        key: str,
+        lease: _Lease,
+        me: str,
+        ref: str,
+        ttl_ms: int,
+        nonce: str,
+        attempts: int,
+        now: int,
+        cutoff: int,
+    ) -> LeaseResult | _Lease:
+        """[Q1] for a retry of an own event whose run failed (its done entry, seen in the
+        snapshot ``lease``, carries ``attempts``): as :meth:`_grant_free`, and its stored
+        attempts resume the count. Conditional on the snapshot (version, queue length);
+        otherwise the item as it stands (ALL_OLD)."""
+        version = _nonce()
+        unchanged, values = lease.unchanged()
+        queue_same, queue_values = lease.queue_unchanged()
+        values.update(queue_values)
+        values.update(
+            {
+                ":me": me,
+                ":exp": now + ttl_ms,
+                ":floor": now * 1000,
+                ":one": 1,
+                ":zero": 0,
+                ":true": True,
+                ":w": nonce,
+                ":v": version,
+                ":f": [me],
+                ":fn": [ref],
+                ":shard": self._shard(key),
+                ":ttl": self._ttl(now + ttl_ms),
+                ":cutoff": cutoff,
+                ":a": {me: attempts},
+            }
+        )
+        try:
+            attrs = self._update(
+                key,
+                "SET #o = :me, #e = :exp, #t = if_not_exists(#t, :floor) + :one,"
+                " #c = :true, #w = :w, #v = :v, #f = :f, #fn = :fn, #gp = :shard, #gx = :exp,"
+                " #ttl = :ttl, #a = :a REMOVE #p, #pt, #k, #kn",
+                f"{unchanged} AND {queue_same} AND {_TAKEOVER} AND {_NOTHING_PENDING}"
+                " AND attribute_not_exists(#h) AND NOT contains(#d, :me)"
+                " AND NOT contains(#x, :me)",
+                values,
+                returns="UPDATED_NEW",
+            )
+        except _ConditionFailed as failed:
+            if failed.lease.version == version:  # a botocore resend of this grant, applied
+                return LeaseResult(True, me, failed.lease.token, attempts=attempts)
+            return failed.lease
+        return LeaseResult(True, me, _n(attrs, "t"), attempts=attempts)
+
     def _granted(self, key: str, lease: _Lease, me: str) -> LeaseResult:
         """The reply of a grant that is the current lease (model ``granted``)."""
         assert lease.owner is not None
         if lease.owner == me:
-            return LeaseResult(True, me, lease.token)
+            return LeaseResult(True, me, lease.token, attempts=lease.attempts.get(me, 0))
         adopted = self._stored_signal(key, lease, lease.owner, lease.token)
         return LeaseResult(True, lease.owner, lease.token, adopted=adopted)
 
@@ -956,50 +1262,144 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
         done = view.get(me)
         if done is not None and done.ok:
             return False
-        at = [i for i, e in enumerate(lease.done) if e.get("S") == me][:32]
+        tag = _resume_tag(me)
+        # a resume tag stays while the view's entry of me is a failed run with attempts
+        live_tag = done is not None and done.attempts > 0
+        at = [
+            (i, ":me" if e.get("S") == me else ":tag")
+            for i, e in enumerate(lease.done)
+            if e.get("S") == me or (not live_tag and e.get("B") == tag)
+        ][:32]
         if not at:
             return False
-        names = ", ".join(f"#d[{i}]" for i in at)
+        names = ", ".join(f"#d[{i}]" for i, _ in at)
         # If d moved on (a prune) this refuses; the caller reads again either way.
         with contextlib.suppress(_ConditionFailed):
             self._update(
                 key,
                 f"REMOVE {names}",
-                " AND ".join(f"#d[{i}] = :me" for i in at),
-                {":me": me},
+                " AND ".join(f"#d[{i}] = {value}" for i, value in at),
+                {":me": me, ":tag": tag},
             )
         return True
 
-    def _append(self, key: str, me: str, ref: str, cutoff: int) -> LeaseResult | _Lease:
+    def _append(
+        self,
+        key: str,
+        me: str,
+        ref: str,
+        cutoff: int,
+        max_queue: int,
+        *,
+        halted: bool = False,
+        resumed: tuple[_Lease, int] | None = None,
+    ) -> LeaseResult | _Lease:
         """[Q2] Queue ``me`` behind a live holder: one conditional write, so the holder cannot
-        finish and leave between our check and the append (no lost wakeup). Appends change
-        neither the version nor the grant nonce. Otherwise the item as it stands (ALL_OLD)."""
+        finish and leave between our check and the append (no lost wakeup), and the bound
+        holds however many forwarders append at once ([Q8]). ``halted``: [Q9] queue ``me`` on
+        a free, halted key with nothing in flight instead (the key stays out of the orphan
+        index). Appends change neither the version nor the grant nonce. Otherwise the item
+        as it stands (ALL_OLD).
+
+        ``resumed`` (snapshot, attempts): ``me`` is a retry of an own event whose run failed,
+        stored with that many attempts (``a``, which writers conditional on the version
+        rewrite whole): then the append is conditional on the snapshot (version, queue
+        length) and changes the version. A blind append refuses on its done entry's tag."""
+        if halted:
+            # [Q9] free (no holder, also not in limbo), halted, nothing in flight
+            who = (
+                "attribute_exists(#h) AND (attribute_not_exists(#o) OR #e < :cutoff)"
+                " AND (attribute_not_exists(#f) OR size(#f) = :zero)"
+            )
+            index = ""
+        else:
+            who = "attribute_exists(#o) AND #o <> :me AND #e >= :cutoff"  # [Q2] held by another
+            index = ", #gp = :shard, #gx = #e"
+        values: dict[str, object] = {
+            ":me": me,
+            ":tag": _resume_tag(me),
+            ":id": [me],
+            ":ref": [ref],
+            ":empty": [],
+            ":zero": 0,
+            ":max": max_queue,
+            ":shard": self._shard(key),
+            ":cutoff": cutoff,
+        }
+        # [Q3] [Q5] not stored, not remembered as completed, not dead-lettered; [Q8] the
+        # queue below its bound
+        condition = (
+            f"{who} AND (attribute_not_exists(#q) OR size(#q) < :max)"
+            " AND NOT contains(#q, :me) AND NOT contains(#f, :me)"
+            " AND NOT contains(#d, :me) AND NOT contains(#x, :me)"
+        )
+        version: str | None = None
+        if resumed is None:
+            condition += " AND NOT contains(#d, :tag)"  # no attempts to resume
+        else:
+            snapshot, attempts = resumed
+            unchanged, pinned = snapshot.unchanged()
+            queue_same, queue_values = snapshot.queue_unchanged()
+            values.update(pinned)
+            values.update(queue_values)
+            version = _nonce()
+            values.update({":v": version, ":a": {**snapshot.attempts, me: attempts}})
+            condition += f" AND {unchanged} AND {queue_same}"
+            index += ", #a = :a, #v = :v"
         try:
             new = _Lease.parse(
                 self._update(
                     key,
                     "SET #q = list_append(if_not_exists(#q, :empty), :id),"
-                    " #qn = list_append(if_not_exists(#qn, :empty), :ref),"
-                    " #gp = :shard, #gx = #e",
-                    # [Q2] held (also in limbo) by someone else; [Q3] [Q5] not stored, not
-                    # remembered as completed, not dead-lettered
-                    "attribute_exists(#o) AND #o <> :me AND #e >= :cutoff"
-                    " AND NOT contains(#q, :me) AND NOT contains(#f, :me)"
-                    " AND NOT contains(#d, :me) AND NOT contains(#x, :me)",
-                    {
-                        ":me": me,
-                        ":id": [me],
-                        ":ref": [ref],
-                        ":empty": [],
-                        ":shard": self._shard(key),
-                        ":cutoff": cutoff,
-                    },
+                    f" #qn = list_append(if_not_exists(#qn, :empty), :ref){index}",
+                    condition,
+                    values,
                     returns="ALL_NEW",
                 )
             )
         except _ConditionFailed as failed:
-            return failed.lease  # a resend of an applied append is recognised by the caller
-        return LeaseResult(False, new.owner, new.token, position=len(new.queue))
+            if version is None or failed.lease.version != version:
+                return failed.lease  # a resend of an applied append is recognised by the caller
+            new = failed.lease  # a botocore resend of this very append, applied earlier
+        position = new.queue.index(me) + 1 if me in new.queue else len(new.queue)
+        if halted:
+            return LeaseResult(False, None, None, position=position)
+        return LeaseResult(False, new.owner, new.token, position=position)
+
+    def _requeue_halted(
+        self, key: str, lease: _Lease, extra: tuple[str, str], cutoff: int, resume: int = 0
+    ) -> LeaseResult | _Lease:
+        """[Q9] on a free, halted key with signals in flight (a plain owner took them and
+        died): [G5] they go back to the head of the queue, each with one more attempt, and
+        ``extra`` is queued behind everything unless stored already (with ``resume``
+        attempts: a retry of an own event whose run failed); nothing is granted. One write
+        conditional on the snapshot (version, queue length) and the key being free."""
+        ids = list(lease.in_flight + lease.queue)
+        refs = list(lease.in_flight_refs + lease.queue_refs)
+        attempts = dict(lease.attempts)
+        if extra[0] not in ids:
+            ids.append(extra[0])
+            refs.append(extra[1])
+            if resume:
+                attempts[extra[0]] = resume
+        for sid in lease.in_flight:
+            attempts[sid] = attempts.get(sid, 0) + 1
+        unchanged, values = lease.unchanged()
+        queue_same, queue_values = lease.queue_unchanged()
+        values.update(queue_values)
+        version = _nonce()
+        values.update({":cutoff": cutoff, ":v": version, ":q": ids, ":qn": refs, ":a": attempts})
+        try:
+            self._update(
+                key,
+                "SET #q = :q, #qn = :qn, #a = :a, #v = :v REMOVE #f, #fn, #k, #kn",
+                f"{unchanged} AND {queue_same} AND {_TAKEOVER} AND attribute_exists(#h)",
+                values,
+            )
+        except _ConditionFailed as failed:
+            if failed.lease.version != version:  # else: a resend of this write, applied
+                return failed.lease
+        return LeaseResult(False, None, None, position=ids.index(extra[0]) + 1)
 
     def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]:
         taken_ids: list[str] = []
@@ -1186,44 +1586,42 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
         back: list[tuple[str, str]] = []
         dead: list[tuple[str, str, int]] = []
         drop: list[str] = []
+        own_attempts = 0
         for sid, ref in zip(lease.in_flight, lease.in_flight_refs, strict=False):
             attempts.pop(sid, None)
             if failure is None:
                 done_ids.append(sid)
                 drop.append(ref)
+                continue
+            count = lease.attempts.get(sid, 0) + 1
+            if count >= failure.max_attempts:
+                dead.append((sid, ref, count))  # [G6] dead-lettered (the owner's own too)
             elif sid != owner or failure.requeue_owner:
-                count = lease.attempts.get(sid, 0) + 1
-                if count >= failure.max_attempts:
-                    dead.append((sid, ref, count))  # [G6] dead-lettered
-                else:
-                    attempts[sid] = count  # [G6] back to the head of the queue
-                    back.append((sid, ref))
+                attempts[sid] = count  # [G6] back to the head of the queue
+                back.append((sid, ref))
             else:
-                drop.append(ref)  # the platform retries the owner's own event
-        # The owner's own step is remembered either way (a failed one is not deduplicated,
-        # so it is nested: [G6] / [N4] read it, the dedupe conditions do not match it).
-        batch: list[Any] = [*done_ids] if owner in done_ids else [*done_ids, owner]
+                # the platform retries the owner's own event; its done entry carries the
+                # count, which that retry resumes ([Q1] [Q2] [Q6] [Q9])
+                drop.append(ref)
+                own_attempts = count
+        # transfer_to_next's own step is remembered either way (a failed one is not
+        # deduplicated, so it is nested: [G6] / [N4] read it, the dedupe conditions do not
+        # match it; with a count, its resume tag follows it: the blind [Q1] / [Q2] writes
+        # refuse on that). The contract's release and transfer ([L4] [T1]) do not remember
+        # their owner (model ``mark_owner=False``: a plain owner is no signal).
+        batch: list[Any] = list(done_ids)
+        if then.kind == "next" and owner not in done_ids:
+            batch.append(owner)
         if failure is not None:
-            batch = [[owner]]
+            batch = [[owner, own_attempts], _resume_tag(owner)] if own_attempts else [[owner]]
         mark = _marker(now, token, failure is None)
         version = _nonce()
         unchanged, values = lease.unchanged()
-        values.update(
-            {
-                ":me": owner,
-                ":now": now,
-                ":tok": token,
-                ":v": version,
-                ":empty": [],
-                ":done": [*batch, mark],
-            }
-        )
-        sets = [
-            "#p = :me",
-            "#pt = :tok",
-            "#v = :v",
-            "#d = list_append(if_not_exists(#d, :empty), :done)",
-        ]
+        values.update({":me": owner, ":now": now, ":tok": token, ":v": version, ":empty": []})
+        sets = ["#p = :me", "#pt = :tok", "#v = :v"]
+        if batch:
+            sets.append("#d = list_append(if_not_exists(#d, :empty), :done)")
+            values[":done"] = [*batch, mark]
         removes = ["#k", "#kn", "#w"]
         condition = f"{_LIVE_OWNER} AND #t = :tok AND {unchanged}"
         if dead:
@@ -1235,6 +1633,14 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
             ]
             values[":xid"] = [sid for sid, _, _ in dead]
             values[":xref"] = [ref for _, ref, _ in dead]
+            # the key holds dead letters: it is in the dead_letters index until a redrive
+            # ([V1]) moves the last of them
+            sets.append("#gd = :dshard")
+            values[":dshard"] = self._dead_shard(key)
+        halting = bool(dead) and failure is not None and failure.halt
+        if halting:
+            sets.append("#h = :true")  # [G6] dead-lettered under on_poison="halt"
+            values[":true"] = True
         result: Signal | bool | None
         if then.kind == "free":  # [L4] then [G7]: the queue stays, for the sweeper
             sets += ["#gx = :zero", "#ttl = :ttl"]
@@ -1254,6 +1660,21 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                 }
             )
             result = True
+        elif lease.halted or halting:
+            # [N1] halted: released with the queue kept (the retried signals at its head, in
+            # order); appends since the snapshot stay behind them. A halted key leaves the
+            # orphan index: nothing of it is adopted until a redrive ([D4] [V1]).
+            if back:
+                sets += [
+                    "#q = list_append(:rq, if_not_exists(#q, :empty))",
+                    "#qn = list_append(:rqn, if_not_exists(#qn, :empty))",
+                ]
+                values[":rq"] = [sid for sid, _ in back]
+                values[":rqn"] = [ref for _, ref in back]
+            sets.append("#ttl = :ttl")
+            removes += ["#o", "#c", "#f", "#fn", "#gp", "#gx"]
+            values[":ttl"] = self._ttl(now)
+            result = None
         else:
             ids = [sid for sid, _ in back] + list(lease.queue)
             refs = [ref for _, ref in back] + list(lease.queue_refs)
@@ -1324,7 +1745,8 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                 return _Retry(failed.lease)
         if drop:
             self._delete_signals(key, drop)
-        self._prune(key, [*lease.done, *(_av(e) for e in batch), {"N": str(mark)}], now)
+        if batch:
+            self._prune(key, [*lease.done, *(_av(e) for e in batch), {"N": str(mark)}], now)
         return result
 
     def _mark_dead(self, key: str, ref: str, error: str, attempts: int, now: int) -> None:
@@ -1340,6 +1762,8 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                 {":err": error, ":att": attempts, ":at": now, ":ttl": self._ttl(now)},
                 sk=SIGNAL_SK_PREFIX + ref,
             )
+        # the other pieces of a split payload are kept as long as its head
+        self._renew_payloads(key, [ref], now, pieces=True)
 
     def _first_payload(self, key: str, refs: Sequence[str]) -> tuple[int, str | None]:
         """Index and record of the first ref whose payload item still exists (normally the
@@ -1349,10 +1773,19 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
             chunk = refs[start : start + size]
             if not chunk:
                 return 0, None
-            found = self._payloads(key, chunk)
-            for offset, ref in enumerate(chunk):
-                if ref in found:
-                    return start + offset, found[ref]
+            if size > 1:
+                # past a payload that is gone: find which heads are left (keys only, not the
+                # records, which may be megabytes each), then read those whole in order
+                heads = self._get_items(key, [SIGNAL_SK_PREFIX + ref for ref in chunk], ["sk"])
+                for offset, ref in enumerate(chunk):
+                    if SIGNAL_SK_PREFIX + ref in heads:
+                        stored = self._payloads(key, [ref]).get(ref)
+                        if stored is not None:
+                            return start + offset, stored
+            else:
+                found = self._payloads(key, chunk)
+                if chunk[0] in found:
+                    return start, found[chunk[0]]
             start += len(chunk)
         return 0, None  # pragma: no cover - _growing_chunks never ends
 
@@ -1366,24 +1799,41 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
         nonce: str,
         now: int,
         cutoff: int,
+        *,
+        envelope: tuple[str, int] | None = None,
+        resume: int = 0,
     ) -> tuple[str, Signal] | _Retry | None:
         """[G5] the owner died (or released) with work pending: what it had in flight goes back
-        to the head, ``extra`` is queued behind everything ([Q6]), and [G4] the head owns the
-        key under grant nonce ``nonce`` ([Q6] / [D1]). One write, conditional on the snapshot
-        (version, queue length) and the key still being free. Returns (head, its signal), None
-        when no payload is left, or a retry."""
+        to the head, each with one more attempt, ``extra`` is queued behind everything ([Q6]),
+        and [G4] the head owns the key under grant nonce ``nonce`` ([Q6] / [D1] / [C4]). One
+        write, conditional on the snapshot (version, queue length), the key still being free
+        and not halted. ``envelope`` (id, token): [C4], the grant of that envelope, whose id
+        heads the in-flight list, is run again; None (no write) if its payload is gone.
+        ``resume``: ``extra``, when stored anew, is a retry of an own event whose run failed
+        and resumes that many attempts. Returns (head, its signal), None when no payload is
+        left, or a retry."""
         ids = list(lease.in_flight + lease.queue)
         refs = list(lease.in_flight_refs + lease.queue_refs)
+        resumed: dict[str, int] = {}
         if extra is not None and extra[0] not in ids:
             ids.append(extra[0])
             refs.append(extra[1])
+            if resume:
+                resumed[extra[0]] = resume
         head_at, stored = self._first_payload(key, refs)
+        if envelope is not None and (stored is None or head_at != 0):
+            return None  # [C3] the envelope's signal is no longer stored (its payload's TTL)
         version = _nonce()
         unchanged, values = lease.unchanged()
         queue_same, queue_values = lease.queue_unchanged()
         values.update(queue_values)
         values.update({":cutoff": cutoff, ":v": version, ":w": nonce})
-        condition = f"{unchanged} AND {queue_same} AND {_TAKEOVER}"
+        # [D4] [Q9] [C4] a halted key is never granted from its queue (the version pins h too)
+        condition = f"{unchanged} AND {queue_same} AND {_TAKEOVER} AND attribute_not_exists(#h)"
+        if envelope is not None:
+            # [C4] the envelope's grant: its token is the last issued, its id heads in flight
+            condition += " AND #t = :tok AND #f[0] = :env"
+            values.update({":env": envelope[0], ":tok": envelope[1]})
         if stored is None:
             try:
                 self._update(
@@ -1398,7 +1848,12 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
         head = ids[head_at]
         rest_ids, rest_refs = ids[head_at + 1 :], refs[head_at + 1 :]
         token = lease.token + 1 if lease.token is not None else now * 1000 + 1
-        attempts = {sid: n for sid, n in lease.attempts.items() if sid in ids[head_at:]}
+        attempts = {
+            sid: n for sid, n in {**lease.attempts, **resumed}.items() if sid in ids[head_at:]
+        }
+        for sid in lease.in_flight:  # [G5] a run that never finished counts
+            if sid in ids[head_at:]:
+                attempts[sid] = attempts.get(sid, 0) + 1
         values.update(
             {
                 ":next": head,
@@ -1442,41 +1897,64 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
         return head, signal
 
     def _claim(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:
-        now, _ = self._times()
-        lease = self._read(key)
-        if not lease.live_owner(owner, now) or lease.token != token:
-            return None  # [C3] stale, forged, or the grant moved on
-        ref = lease.ref_of(owner)
-        if ref is None:
-            return None  # [C3] not a stored signal's grant
-        if lease.claimed:
-            return None  # [C2] claimed before (this call has not written yet)
-        stored = self._payloads(key, [ref]).get(ref)
-        if stored is None:
-            return None
-        nonce = _nonce()
-        try:
-            # [C1] claimed once, under this call's grant nonce; the deadline is refreshed
-            self._update(
-                key,
-                "SET #c = :true, #e = :exp, #ttl = :ttl, #w = :w, #v = :v",
-                f"{_LIVE_OWNER} AND #t = :tok AND #c = :false",
-                {
-                    ":me": owner,
-                    ":now": now,
-                    ":tok": token,
-                    ":true": True,
-                    ":false": False,
-                    ":exp": now + ttl_ms,
-                    ":ttl": self._ttl(now + ttl_ms),
-                    ":w": nonce,
-                    ":v": _nonce(),
-                },
-            )
-        except _ConditionFailed as failed:
-            if failed.lease.grant_nonce != nonce:
-                return None  # [C2] claimed before (a duplicate delivery), or [C3] it moved
-        return decode_signal(owner, stored, token, lease.attempts.get(owner, 0))
+        nonce = _nonce()  # this claim's grant nonce: a resend of its write finds it in ``w``
+        lease: _Lease | None = None
+        for _ in range(_OPTIMISTIC_ATTEMPTS):
+            now, cutoff = self._times()
+            if lease is None:
+                lease = self._read(key)
+            if lease.live_owner(owner, now) and lease.grant_nonce == nonce:
+                # [C1] / [C4] again: a resend of this claim's write, which was applied
+                return self._stored_signal(key, lease, owner, lease.token)
+            if (
+                lease.holder(cutoff) is None
+                and lease.token == token
+                and lease.in_flight[:1] == (owner,)
+                and not lease.halted
+            ):
+                # [C4] the grant's lease ran out with its signal still in flight: [G5] (one
+                # more attempt) and [G4] it owns the key again, claimed, under a new token
+                again = self._grant_orphan(
+                    key, lease, ttl_ms, True, None, nonce, now, cutoff, envelope=(owner, token)
+                )
+                if isinstance(again, _Retry):
+                    lease = again.lease
+                    continue
+                return again[1] if again is not None else None
+            if not lease.live_owner(owner, now) or lease.token != token:
+                return None  # [C3] stale, forged, or the grant moved on
+            ref = lease.ref_of(owner)
+            if ref is None:
+                return None  # [C3] not a stored signal's grant
+            if lease.claimed:
+                return None  # [C2] claimed before by another call (a duplicate envelope)
+            stored = self._payloads(key, [ref]).get(ref)
+            if stored is None:
+                return None
+            try:
+                # [C1] claimed once, under this call's grant nonce; the deadline is refreshed
+                self._update(
+                    key,
+                    "SET #c = :true, #e = :exp, #ttl = :ttl, #w = :w, #v = :v",
+                    f"{_LIVE_OWNER} AND #t = :tok AND #c = :false",
+                    {
+                        ":me": owner,
+                        ":now": now,
+                        ":tok": token,
+                        ":true": True,
+                        ":false": False,
+                        ":exp": now + ttl_ms,
+                        ":ttl": self._ttl(now + ttl_ms),
+                        ":w": nonce,
+                        ":v": _nonce(),
+                    },
+                )
+            except _ConditionFailed as failed:
+                if failed.lease.grant_nonce != nonce:
+                    lease = failed.lease  # claimed by another call, or it moved: look again
+                    continue
+            return decode_signal(owner, stored, token, lease.attempts.get(owner, 0))
+        raise LeaseBackendError(f"claim of {key!r} did not settle")
 
     def _pending(self, key: str) -> int:
         return len(self._read(key).queue)
@@ -1498,12 +1976,23 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
         """Keys in one index shard whose indexed deadline passed, oldest first. The index is
         eventually consistent and its deadline a hint: every candidate is re-checked."""
         _, cutoff = self._times()
+        return self._index_keys(ORPHAN_INDEX, "#gp = :g AND #gx < :cutoff", shard, cutoff)
+
+    def _index_keys(
+        self, index: str, condition: str, shard: str, cutoff: int | None = None
+    ) -> Iterator[str]:
+        """The keys (``pk``) in one shard of a sparse index (``orphans`` or ``dead_letters``),
+        page by page: the only Query this provider makes, and never a Scan."""
+        names = {n: _NAMES[n] for n in set(_NAME_RE.findall(condition))}
+        values: dict[str, Any] = {":g": {"S": shard}}
+        if cutoff is not None:
+            values[":cutoff"] = {"N": str(cutoff)}
         params: dict[str, Any] = {
             "TableName": self.table_name,
-            "IndexName": ORPHAN_INDEX,
-            "KeyConditionExpression": "#gp = :g AND #gx < :cutoff",
-            "ExpressionAttributeNames": {"#gp": "gp", "#gx": "gx"},
-            "ExpressionAttributeValues": {":g": {"S": shard}, ":cutoff": {"N": str(cutoff)}},
+            "IndexName": index,
+            "KeyConditionExpression": condition,
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values,
         }
         while True:
             page = self._call("Query", self.client.query, params)
@@ -1540,12 +2029,107 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                         lease = None
                         continue
                 return None  # [D2] the owner is alive
+            if lease.halted:
+                # [D4] halted: nothing is adopted until a redrive, and the key leaves the
+                # orphan index (an append or release under a plain owner may have put it
+                # back); a redrive ([V1]) indexes it again. Index moves keep the version.
+                with contextlib.suppress(_ConditionFailed):
+                    self._update(
+                        key,
+                        "REMOVE #gp, #gx",
+                        "attribute_exists(#h) AND attribute_exists(#gp)",
+                        {},
+                    )
+                return None
             # [D1] the head of the dead owner's work owns the key
             result = self._grant_orphan(key, lease, ttl_ms, claim, None, nonce, now, cutoff)
             if not isinstance(result, _Retry):
                 return result[1] if result is not None else None
             lease = result.lease
         raise LeaseBackendError(f"adopting {key!r} did not settle")
+
+    def _redrive(self, key: str, ids: tuple[str, ...] | None) -> int:
+        lease: _Lease | None = None
+        renewed: set[str] = set()
+        for _ in range(_OPTIMISTIC_ATTEMPTS):
+            now, _ = self._times()
+            if lease is None:
+                lease = self._read(key)
+            moved = [i for i, sid in enumerate(lease.dead) if ids is None or sid in ids]
+            if not moved:
+                return 0  # [V2] nothing matches (also a resend of an applied redrive)
+            kept = [i for i in range(len(lease.dead)) if i not in moved]
+            moved_ids = [lease.dead[i] for i in moved]
+            moved_refs = [lease.dead_refs[i] for i in moved if i < len(lease.dead_refs)]
+            # Their payload items expire retention_s after they failed: before the queue lists
+            # them again, they get a full retention_s from now (once per call; an item already
+            # gone stays gone and the signal is dropped when it reaches the head, [N1]).
+            self._renew_payloads(
+                key, [ref for ref in moved_refs if ref not in renewed], now, pieces=False
+            )
+            renewed.update(moved_refs)
+            version = _nonce()
+            unchanged, values = lease.unchanged()
+            values.update(
+                {
+                    ":v": version,
+                    ":empty": [],
+                    ":rq": moved_ids,
+                    ":rqn": moved_refs,
+                    ":shard": self._shard(key),
+                    # a free key's work is orphaned at once; a live owner's is indexed at its
+                    # deadline (renewals since then are met by the sweep, as for [Q2])
+                    ":gx": lease.expiry if lease.owner is not None else 0,
+                    ":ttl": self._ttl(max(now, lease.expiry)),
+                }
+            )
+            # [V1] the dead letters go to the head of the queue in the order they died (with
+            # no attempts counted: ``a`` holds none for them), appends since the snapshot
+            # stay behind; the key is no longer halted and is in the orphan index, so the next
+            # event ([Q6]) or the sweeper ([D1]) runs them when it is free.
+            sets = [
+                "#q = list_append(:rq, if_not_exists(#q, :empty))",
+                "#qn = list_append(:rqn, if_not_exists(#qn, :empty))",
+                "#v = :v",
+                "#gp = :shard",
+                "#gx = :gx",
+                "#ttl = :ttl",
+            ]
+            removes = ["#h"]
+            if kept:
+                sets += ["#x = :x", "#xn = :xn"]
+                values[":x"] = [lease.dead[i] for i in kept]
+                values[":xn"] = [lease.dead_refs[i] for i in kept if i < len(lease.dead_refs)]
+            else:
+                removes += ["#x", "#xn", "#gd"]  # no dead letters left: out of that index
+            try:
+                self._update(
+                    key,
+                    f"SET {', '.join(sets)} REMOVE {', '.join(removes)}",
+                    unchanged,
+                    values,
+                )
+            except _ConditionFailed as failed:
+                # Another writer, or a resend of this write that was applied: look again (a
+                # resend then finds nothing to move, [V2], as the model answers it).
+                lease = failed.lease
+                continue
+            return len(moved)
+        raise LeaseBackendError(f"redrive of {key!r} did not settle")
+
+    def _dead_letter_keys(self, limit: int) -> list[str]:
+        """Keys with dead letters, from the sparse ``dead_letters`` index (``gd`` is set by the
+        write that dead-letters a signal and removed by the redrive that moves the last one):
+        one Query per shard and page, never a Scan. The index is eventually consistent: a key
+        redriven a moment ago may still be listed."""
+        found: list[str] = []
+        for shard in range(self.orphan_shards):
+            for key in self._index_keys(DEAD_LETTER_INDEX, "#gd = :g", f"dead#{shard}"):
+                if key not in found:
+                    found.append(key)
+                if len(found) >= limit:
+                    return sorted(found)
+        return sorted(found)
 
     def _inspect(self, key: str) -> KeyState:
         now, cutoff = self._times()
@@ -1584,12 +2168,44 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
             ),
             in_flight=lease.in_flight,
             dead_letters=tuple(dead),
+            halted=lease.halted,
         )
 
 
 def _same_grant(token: int | None) -> str:
     """The condition that limits an owner-side write to the grant with ``token`` (``:grant``)."""
     return "" if token is None else " AND #t = :grant"
+
+
+def _split(record: str) -> list[str]:
+    """A signal record as the ``r`` values of its items: itself when it fits one item, else
+    pieces of at most ITEM_RECORD_BYTES UTF-8 bytes each, cut between characters."""
+    data = record.encode("utf-8")
+    if len(data) <= ITEM_RECORD_BYTES:
+        return [record]
+    pieces: list[str] = []
+    start = 0
+    while start < len(data):
+        end = min(start + ITEM_RECORD_BYTES, len(data))
+        while end < len(data) and data[end] & 0xC0 == 0x80:  # inside a character: back off
+            end -= 1
+        pieces.append(data[start:end].decode("utf-8"))
+        start = end
+    return pieces
+
+
+_MAX_ITEMS = DYNAMODB_MAX_PAYLOAD_BYTES // (ITEM_RECORD_BYTES - 4) + 2
+
+
+def _item_sks(ref: str) -> list[str]:
+    """The sort keys of a payload's items: ``sig#<ref>`` (the head, with the first piece and
+    a dead letter's attributes), then ``sig#<ref>#1`` ... for the other pieces of a split one
+    (whose ref ends in ``.<number of items>``)."""
+    head = SIGNAL_SK_PREFIX + ref
+    _, split, count = ref.rpartition(_SPLIT)
+    if not split or not count.isdigit() or not 2 <= int(count) <= _MAX_ITEMS:
+        return [head]
+    return [head, *(f"{head}{_PIECE}{i}" for i in range(1, int(count)))]
 
 
 def _growing_chunks() -> Iterator[int]:

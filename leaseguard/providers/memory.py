@@ -19,9 +19,17 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from leaseguard.contract import LeaseResult
-from leaseguard.errors import LeaseLostError
-from leaseguard.protocol.model import Failure, KeyRecord, Lost, ProtocolModel
+from leaseguard.errors import LeaseLostError, QueueFull
+from leaseguard.protocol.model import (
+    DEFAULT_MAX_QUEUE,
+    Failure,
+    Full,
+    KeyRecord,
+    Lost,
+    ProtocolModel,
+)
 from leaseguard.signals import KeyState, Signal
+from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES
 
 from .base import BaseLeaseProvider
 
@@ -46,16 +54,18 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
     def __init__(
         self,
         *,
-        max_payload_bytes: int = 256 * 1024,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_queue: int = DEFAULT_MAX_QUEUE,
         clock: Callable[[], int] | None = None,
         model: ProtocolModel | None = None,
     ) -> None:
-        super().__init__(max_payload_bytes=max_payload_bytes)
+        super().__init__(max_payload_bytes=max_payload_bytes, max_queue=max_queue)
         self.model = model or ProtocolModel()
         self._clock = clock or _monotonic_ms
         self._lock = threading.Lock()
         self._keys: dict[str, KeyRecord] = {}
         self._orphan_index: set[str] = set()  # keys with signals queued or in flight
+        self._dead_index: set[str] = set()  # keys with dead letters
         self._ops = 0
 
     def _open(self, key: str) -> tuple[KeyRecord, int]:
@@ -75,6 +85,10 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
             self._orphan_index.add(key)
         else:
             self._orphan_index.discard(key)
+        if rec.dead:
+            self._dead_index.add(key)
+        else:
+            self._dead_index.discard(key)
 
     # -- the contract ---------------------------------------------------------------------------
 
@@ -111,14 +125,18 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
     # -- the signal queue -----------------------------------------------------------------------
 
     def _acquire_or_enqueue(
-        self, key: str, signal: Signal, record: str, ttl_ms: int
+        self, key: str, signal: Signal, record: str, ttl_ms: int, max_queue: int
     ) -> LeaseResult:
         nonce = _nonce()
         with self._lock:
             rec, now = self._open(key)
-            result = self.model.acquire_or_enqueue(rec, signal.id, record, ttl_ms, nonce, now)
+            result = self.model.acquire_or_enqueue(
+                rec, signal.id, record, ttl_ms, nonce, now, max_queue
+            )
             self._index(key, rec)
-            return result
+        if isinstance(result, Full):
+            raise QueueFull(key, result.depth, max_queue, result.holder)
+        return result
 
     def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]:
         with self._lock:
@@ -148,7 +166,9 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
     def _claim(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:
         with self._lock:
             rec, now = self._open(key)
-            return self.model.claim(rec, owner, token, ttl_ms, _nonce(), now)
+            signal = self.model.claim(rec, owner, token, ttl_ms, _nonce(), now)
+            self._index(key, rec)
+            return signal
 
     def _pending(self, key: str) -> int:
         with self._lock:
@@ -178,6 +198,17 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
         shift = time.time_ns() // 1_000_000 - now
         dead = tuple(replace(d, failed_at_ms=d.failed_at_ms + shift) for d in state.dead_letters)
         return replace(state, dead_letters=dead)
+
+    def _redrive(self, key: str, ids: tuple[str, ...] | None) -> int:
+        with self._lock:
+            rec, now = self._open(key)
+            moved = self.model.redrive(rec, ids, now)
+            self._index(key, rec)
+            return moved
+
+    def _dead_letter_keys(self, limit: int) -> list[str]:
+        with self._lock:
+            return sorted(self._dead_index)[:limit]
 
     # -- for the differential suite and the explorer ----------------------------------------------
 

@@ -35,7 +35,7 @@ class NoopLeaseProvider(BaseLeaseProvider):
         return True
 
     def _acquire_or_enqueue(
-        self, key: str, signal: Signal, record: str, ttl_ms: int
+        self, key: str, signal: Signal, record: str, ttl_ms: int, max_queue: int
     ) -> LeaseResult:
         return LeaseResult(acquired=True, owner=signal.id, token=0)
 
@@ -64,3 +64,9 @@ class NoopLeaseProvider(BaseLeaseProvider):
 
     def _inspect(self, key: str) -> KeyState:
         return KeyState(key=key, owner=None, token=None, remaining_ms=None, queued=(), in_flight=())
+
+    def _redrive(self, key: str, ids: tuple[str, ...] | None) -> int:
+        return 0  # nothing is ever dead-lettered here
+
+    def _dead_letter_keys(self, limit: int) -> list[str]:
+        return []

@@ -15,18 +15,22 @@ dead-lettered, exactly as the model does.
 script is safe to run twice: a transfer or hand-off finds itself as the previous owner (``p``,
 ``pt``) or its grant remembered as completed (``done``), a take finds its nonce (``k``), a grant
 or claim finds the nonce of the call that made it (``w``) and returns the first run's result;
-renew and release are idempotent already.
+renew and release are idempotent already, and a resent redrive finds nothing left to move.
 
 **Key layout.** For a user key ``k`` and prefix ``lg:`` the keys are ``lg:{t}:lease``,
 ``lg:{t}:queue``, ``lg:{t}:signals``, ``lg:{t}:inflight``, ``lg:{t}:done``, ``lg:{t}:donetok``,
-``lg:{t}:attempts`` and ``lg:{t}:dead`` (see ``lua/_prelude.lua``), where ``t`` is ``k`` with
-``%``, ``{`` and ``}`` percent-encoded (``%25``, ``%7B``, ``%7D``). The encoding is injective, so
-two user keys never share Redis keys, and ``t`` contains no brace, so the hash tag is exactly
-``t`` and all of a key's Redis keys land in one Cluster slot whatever the user key holds
-(spaces, newlines, unicode and braces included). Keys with pending signals are indexed in a
-sorted set scored by the owner's deadline: ``lg:index`` on a standalone server, and on Cluster
-one ``lg:{s}:index`` per slot, where ``s`` is a short string that hashes to the same slot as
-the user key, so the index is updated inside the same script.
+``lg:{t}:attempts``, ``lg:{t}:dead`` and ``lg:{t}:state`` (see ``lua/_prelude.lua``), where
+``t`` is ``k`` with ``%``, ``{`` and ``}`` percent-encoded (``%25``, ``%7B``, ``%7D``). The
+encoding is injective, so two user keys never share Redis keys, and ``t`` contains no brace, so
+the hash tag is exactly ``t`` and all of a key's Redis keys land in one Cluster slot whatever
+the user key holds (spaces, newlines, unicode and braces included). Keys with pending signals
+are indexed in a sorted set scored by the owner's deadline: ``lg:index`` on a standalone
+server, and on Cluster one ``lg:{s}:index`` per slot, where ``s`` is a short string that
+hashes to the same slot as the user key, so the index is updated inside the same script. Keys
+that hold dead letters are indexed the same way (``lg:deadindex``, on Cluster
+``lg:{s}:deadindex``) for :meth:`~leaseguard.providers.base.BaseLeaseProvider.dead_letter_keys`;
+a halted key is left out of the orphan index until it is redriven (nothing may be granted from
+it).
 
 **Fencing tokens** are ``max(last token + 1, server clock in µs)`` (``TIME`` inside the
 script). The last token lives in the lease hash while the lease lives and for 300 s after a
@@ -40,7 +44,9 @@ microsecond (each change is a separate script run).
 *expired*; Redis expires the whole lease hash with the lease. The token after an expiry then
 comes from the clock alone (higher, never lower: only the values differ), and ``p``/``pt`` are
 read from their copy in the done memory (``donetok``), which lasts as long as the last
-completion is remembered (300 s) rather than as long as the model's record.
+completion is remembered (300 s) rather than as long as the model's record. What must outlive
+an expired lease lives in ``state``: the halted flag ``h``, and ``g``, the token of the grant
+whose signals are in flight (the model's ``t`` for row C4 after the grant's lease ran out).
 """
 
 from __future__ import annotations
@@ -58,8 +64,14 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from leaseguard.contract import LeaseResult
-from leaseguard.errors import InvalidLeaseArgument, LeaseBackendError, LeaseLostError
-from leaseguard.protocol.model import DEDUPE_WINDOW_MS, DONE_LIMIT, TOKEN_MEMORY_MS, Failure
+from leaseguard.errors import InvalidLeaseArgument, LeaseBackendError, LeaseLostError, QueueFull
+from leaseguard.protocol.model import (
+    DEDUPE_WINDOW_MS,
+    DEFAULT_MAX_QUEUE,
+    DONE_LIMIT,
+    TOKEN_MEMORY_MS,
+    Failure,
+)
 from leaseguard.signals import DeadLetter, KeyState, Signal, decode_signal
 from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES
 
@@ -105,6 +117,7 @@ TRANSFER_TO_NEXT_LUA = _lua("transfer_to_next")
 CLAIM_SIGNAL_LUA = _lua("claim_signal")
 ADOPT_LUA = _lua("adopt")
 INSPECT_LUA = _lua("inspect")
+REDRIVE_LUA = _lua("redrive")
 _KEY_CACHE_SIZE = 4096
 
 _SCRIPTS = (
@@ -118,11 +131,12 @@ _SCRIPTS = (
     CLAIM_SIGNAL_LUA,
     ADOPT_LUA,
     INSPECT_LUA,
+    REDRIVE_LUA,
 )
 
 ACL_COMMANDS: tuple[str, ...] = tuple(
     sorted(
-        {"evalsha", "script|load", "hget", "llen", "zrangebyscore"}
+        {"evalsha", "script|load", "hget", "llen", "zrange", "zrangebyscore"}
         | {m.lower() for lua in _SCRIPTS for m in re.findall(r"redis\.call\('(\w+)'", lua.text)}
     )
 )
@@ -182,8 +196,9 @@ class RedisLeaseProvider(BaseLeaseProvider):
         *,
         prefix: str = "lg:",
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_queue: int = DEFAULT_MAX_QUEUE,
     ) -> None:
-        super().__init__(max_payload_bytes=max_payload_bytes)
+        super().__init__(max_payload_bytes=max_payload_bytes, max_queue=max_queue)
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
             raise InvalidLeaseArgument("prefix must be a str without '{' or '}'")
         import redis
@@ -204,6 +219,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
         cluster: bool = False,
         prefix: str = "lg:",
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_queue: int = DEFAULT_MAX_QUEUE,
         socket_timeout: float = 2.0,
         **client_options: Any,
     ) -> RedisLeaseProvider:
@@ -233,7 +249,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
                 client = redis.Redis.from_url(url, **options)
         except redis.exceptions.RedisError as exc:
             raise LeaseBackendError(f"cannot connect to Redis at {_redact(url)}: {exc}") from exc
-        return cls(client, prefix=prefix, max_payload_bytes=max_payload_bytes)
+        return cls(client, prefix=prefix, max_payload_bytes=max_payload_bytes, max_queue=max_queue)
 
     # -- keys -----------------------------------------------------------------------------------
 
@@ -243,27 +259,30 @@ class RedisLeaseProvider(BaseLeaseProvider):
         if keys is None:
             tag = escape_key(key)
             base = f"{self.prefix}{{{tag}}}"
-            index = self._index_key(key_slot(tag) if self.cluster else 0)
+            slot = key_slot(tag) if self.cluster else 0
             keys = [
                 f"{base}:lease",
                 f"{base}:queue",
                 f"{base}:signals",
                 f"{base}:inflight",
-                index,
+                self._index_key(slot),
                 f"{base}:done",
                 f"{base}:donetok",
                 f"{base}:attempts",
                 f"{base}:dead",
+                f"{base}:state",
+                self._index_key(slot, "deadindex"),
             ]
             if len(self._keys) >= _KEY_CACHE_SIZE:
                 self._keys.clear()
             self._keys[key] = keys
         return keys
 
-    def _index_key(self, slot: int) -> str:
+    def _index_key(self, slot: int, name: str = "index") -> str:
+        """The orphan index (``index``) or the dead-letter index (``deadindex``) of a slot."""
         if self.cluster:
-            return f"{self.prefix}{{{slot_tags()[slot]}}}:index"
-        return f"{self.prefix}index"
+            return f"{self.prefix}{{{slot_tags()[slot]}}}:{name}"
+        return f"{self.prefix}{name}"
 
     def _run(self, script: LuaScript, key: str, *args: str | int) -> Any:
         keys = self.redis_keys(key)
@@ -307,13 +326,19 @@ class RedisLeaseProvider(BaseLeaseProvider):
     # -- the signal queue -----------------------------------------------------------------------
 
     def _acquire_or_enqueue(
-        self, key: str, signal: Signal, record: str, ttl_ms: int
+        self, key: str, signal: Signal, record: str, ttl_ms: int, max_queue: int
     ) -> LeaseResult:
-        reply = self._run(ACQUIRE_OR_ENQUEUE_LUA, key, signal.id, record, ttl_ms, _nonce())
+        reply = self._run(
+            ACQUIRE_OR_ENQUEUE_LUA, key, signal.id, record, ttl_ms, _nonce(), max_queue
+        )
+        if reply[0] == 2:  # [Q8]
+            raise QueueFull(key, int(reply[2]), max_queue, _text(reply[1]) or None)
         if reply[0] == 1:
             holder, token = _text(reply[1]), int(reply[2])
-            adopted = _signal(reply[1:5]) if len(reply) > 3 else None
-            return LeaseResult(True, holder, token, adopted=adopted)
+            if len(reply) == 5:  # an orphaned key: `holder`'s signal is adopted
+                return LeaseResult(True, holder, token, adopted=_signal(reply[1:5]))
+            # [Q1] / [Q7] the caller's own signal owns the key: its failed runs so far
+            return LeaseResult(True, holder, token, attempts=int(reply[3]))
         # Not acquired: queued, in flight, a second delivery or a duplicate; on a free key (a
         # duplicate) there is no holder and no token.
         holder_text, token_text = _text(reply[1]), _text(reply[2])
@@ -340,9 +365,15 @@ class RedisLeaseProvider(BaseLeaseProvider):
         failure: Failure | None = None,
     ) -> Signal | None:
         if failure is None:
-            failed: tuple[str | int, ...] = (0, "", 1, 1)
+            failed: tuple[str | int, ...] = (0, "", 1, 1, 0)
         else:
-            failed = (1, failure.error, int(failure.requeue_owner), failure.max_attempts)
+            failed = (
+                1,
+                failure.error,
+                int(failure.requeue_owner),
+                failure.max_attempts,
+                int(failure.halt),
+            )
         reply = self._run(
             TRANSFER_TO_NEXT_LUA, key, owner, ttl_ms, int(claim), _fence(token), *failed
         )
@@ -354,7 +385,10 @@ class RedisLeaseProvider(BaseLeaseProvider):
 
     def _claim(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:
         reply = self._run(CLAIM_SIGNAL_LUA, key, owner, str(token), ttl_ms, _nonce())
-        return decode_signal(owner, reply[1], token, int(reply[2])) if reply[0] == 1 else None
+        if reply[0] != 1:
+            return None
+        # [C1] the envelope's token; [C4] a new one
+        return decode_signal(owner, reply[1], int(reply[3]), int(reply[2]))
 
     def _pending(self, key: str) -> int:
         try:
@@ -389,7 +423,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
         return [_text(m) for m in found[:limit]]
 
     def _inspect(self, key: str) -> KeyState:
-        owner, token, pttl, queued, in_flight, dead = self._run(INSPECT_LUA, key)
+        owner, token, pttl, queued, in_flight, dead, halted = self._run(INSPECT_LUA, key)
         live = bool(_text(owner))
         return KeyState(
             key=key,
@@ -399,7 +433,31 @@ class RedisLeaseProvider(BaseLeaseProvider):
             queued=tuple(_signals(queued)),
             in_flight=tuple(_text(i) for i in in_flight),
             dead_letters=_dead_letters(dead),
+            halted=bool(halted),
         )
+
+    # -- dead letters -----------------------------------------------------------------------------
+
+    def _redrive(self, key: str, ids: tuple[str, ...] | None) -> int:
+        selection: tuple[str | int, ...] = (1,) if ids is None else (0, *ids)
+        return int(self._run(REDRIVE_LUA, key, *selection))
+
+    def _dead_letter_keys(self, limit: int) -> list[str]:
+        """From the dead-letter index (members scored 0, so each index lists its keys in byte
+        order); on Cluster every slot's index, ``limit`` from each, the first ``limit`` of all."""
+        import redis
+
+        try:
+            if not self.cluster:
+                found = self.client.zrange(self._index_key(0, "deadindex"), 0, limit - 1)
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                for slot in range(CLUSTER_SLOTS):
+                    pipe.zrange(self._index_key(slot, "deadindex"), 0, limit - 1)
+                found = [member for batch in pipe.execute() for member in batch]
+        except redis.exceptions.RedisError as exc:
+            raise LeaseBackendError(f"Redis dead-letter index read failed: {exc}") from exc
+        return sorted(_text(m) for m in found)[:limit]
 
 
 def _signal(reply: list[Any]) -> Signal:

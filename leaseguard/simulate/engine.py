@@ -64,6 +64,10 @@ class SimulationConfig:
     threads: bool = False
     seed: int = 1
     quiesce_timeout_s: float = 120.0
+    # Random kills are not poison: each run an event's owner dies in counts as a failed attempt
+    # (docs/protocol.md, G5), and at the default 3 an unlucky event would be dead-lettered, not
+    # handled. The checker's promise is "every event handled", so the bound is high here.
+    max_attempts: int = 100
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.invocations < 1 or self.keys < 1:
@@ -230,6 +234,7 @@ def _make_handler(
         handoff_margin_ms=config.handoff_margin_ms,
         lambda_client=invoker,
         logger=logger,
+        max_attempts=config.max_attempts,
     )
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         lease = current_lease()

@@ -10,17 +10,26 @@
 --   KEYS[4] inflight  list of ids the current owner received and has not completed
 --   KEYS[5] index     zset of user keys with work pending -> deadline (server ms)
 --   KEYS[6] done      zset id -> insertion number: completed ids, oldest first [G2]
---   KEYS[7] donetok   hash id -> "<completed at ms>:<grant token>:<ok 1|0>" [G2]; and field
+--   KEYS[7] donetok   hash id -> "<completed at ms>:<grant token>:<ok 1|0>" [G2], with
+--                           ":<attempts>" after a failed entry whose count is not 0 (the
+--                           owner's own signal removed by [G6]: its retry resumes it); and field
 --                           '' (never an id) -> "<pt>:<p>": p/pt again, for [N4] after the lease
 --                           hash expired with its owner (the model keeps p/pt then)
 --   KEYS[8] attempts  hash id -> failed runs so far, for stored signals that failed (absent: 0)
 --   KEYS[9] dead      hash id -> JSON {n=order, r=stored signal, a=attempts, e=error, at=ms}:
---                           the key's dead letters [G6]
+--                           the key's dead letters [G6]; n runs 1..HLEN in the order they died
+--   KEYS[10] state    hash {h='1' while halted [G6] (until a redrive [V1]), g=the token of the
+--                           grant whose signals are in flight}: kept apart from the lease hash,
+--                           which expires with the owner's lease (the model keeps h and t then;
+--                           [C4] needs the expired grant's token). Gone when empty.
+--   KEYS[11] deadidx  zset of user keys that hold dead letters (all scores 0), for
+--                           dead_letter_keys; one per Cluster slot, like the index
 --   ARGV[1] the user's key (the index member)
 -- DEDUPE_WINDOW_MS, DONE_LIMIT and TOKEN_MEMORY_MS are defined above this text by
 -- leaseguard/providers/redis.py from the model's constants.
 local lease, queue, sigs, inflight, index = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local done, donetok, attempts, dead = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local state, deadidx = KEYS[10], KEYS[11]
 local member = ARGV[1]
 -- [G7] A released key keeps t, p and pt while the model keeps its record: at least the token
 -- memory, and as long as the released owner is remembered as done.
@@ -61,6 +70,31 @@ local function next_token(last)
   return floor
 end
 
+-- h: whether the key is halted (read once per script run, kept in step by set_halted).
+local halted_flag
+local function is_halted()
+  if halted_flag == nil then
+    halted_flag = redis.call('HEXISTS', state, 'h') == 1
+  end
+  return halted_flag
+end
+
+local function set_halted(on)
+  if on then
+    redis.call('HSET', state, 'h', '1')
+  else
+    redis.call('HDEL', state, 'h')
+  end
+  halted_flag = on
+end
+
+-- g: the token of the grant that put signals in flight (called wherever ids enter the in-flight
+-- list). While the in-flight list is not empty, g is the model's t even after the lease hash
+-- expired with its owner; [C4] reads it then.
+local function set_grant_token(token)
+  redis.call('HSET', state, 'g', token)
+end
+
 -- [G3] A new owner. `last` is the token when the caller already read it; `previous` and
 -- `previous_token` are the model's prev/prev_token, `nonce` its grant_nonce (nil: none).
 local function grant(owner, ttl, claimed, previous, previous_token, last, nonce)
@@ -84,9 +118,12 @@ local function has_work()
   return redis.call('EXISTS', queue, inflight) > 0
 end
 
--- The orphan index (keys with signals queued or in flight), scored by the owner's deadline.
+-- The orphan index (keys with signals queued or in flight), scored by the owner's deadline. A
+-- halted key is left out: nothing is granted from its queue until a redrive [D4] [V1], so the
+-- sweeper would only re-check it on every pass.
 local function sync_index()
-  if redis.call('LLEN', queue) > 0 or redis.call('LLEN', inflight) > 0 then
+  local work = redis.call('LLEN', queue) > 0 or redis.call('LLEN', inflight) > 0
+  if work and not is_halted() then
     local deadline = now_ms()
     if redis.call('HEXISTS', lease, 'o') == 1 then
       deadline = deadline + math.max(redis.call('PTTL', lease), 0)
@@ -94,6 +131,9 @@ local function sync_index()
     redis.call('ZADD', index, fmt(deadline), member)
   else
     redis.call('ZREM', index, member)
+    if not work then
+      redis.call('HDEL', state, 'g') -- nothing in flight: no grant token to remember
+    end
   end
 end
 
@@ -125,28 +165,33 @@ local function append_signals(out, ids)
   return out
 end
 
--- [G4] The head of the queue becomes owner and stays in flight until it completes.
-local function grant_head(ttl, claimed, previous, previous_token, nonce)
+-- [G4] The head of the queue becomes owner and stays in flight until it completes. `last`: the
+-- last token when the caller knows it (else read from the lease hash).
+local function grant_head(ttl, claimed, previous, previous_token, nonce, last)
   local head = redis.call('LPOP', queue)
-  local token = grant(head, ttl, claimed, previous, previous_token, nil, nonce)
+  local token = fmt(grant(head, ttl, claimed, previous, previous_token, last, nonce))
   redis.call('RPUSH', inflight, head)
+  set_grant_token(token)
   sync_index()
-  return head, fmt(token)
+  return head, token
 end
 
--- The model's `granted`: the reply of a grant that is the current lease, {1, owner, token},
--- plus the owner's signal (adopted, to run first) when the caller's signal `id` is not it.
+-- The model's `granted`: the reply of a grant that is the current lease. The caller's own
+-- signal `id` owns the key: {1, owner, token, attempts} (its stored attempts); else the owner's
+-- signal is adopted (to run first): {1, owner, token, stored, attempts}.
 local function granted(id, owner, token)
   if owner == id then
-    return {1, owner, token}
+    return {1, owner, token, attempts_of(id)}
   end
   return signal_reply({1}, owner, token)
 end
 
--- [G5] A dead owner's in-flight signals go back to the head of the queue, in order.
+-- [G5] A dead owner's in-flight signals go back to the head of the queue, in order, each with
+-- one more attempt (a run that never finished counts).
 local function requeue_inflight()
   local ids = redis.call('LRANGE', inflight, 0, -1)
   for i = #ids, 1, -1 do
+    redis.call('HINCRBY', attempts, ids[i], 1)
     redis.call('LPUSH', queue, ids[i])
   end
   redis.call('DEL', inflight)
@@ -160,11 +205,21 @@ local function done_entry(id)
   if not entry then
     return nil
   end
-  local at, token, ok = string.match(entry, '^(%d+):(%d+):([01])$')
+  local at, token, ok, tries = string.match(entry, '^(%d+):(%d+):([01]):?(%d*)$')
   if not at or tonumber(at) <= now_ms() - DEDUPE_WINDOW_MS then
     return nil
   end
-  return token, ok == '1'
+  return token, ok == '1', tries ~= '' and tries or '0'
+end
+
+-- The model's `stored_new`: signal `id` is stored anew (as `stored`); `tries` is the attempts
+-- of its failed done entry (done_entry's third value, nil or '0' for none): a platform retry of
+-- an event whose own run failed resumes that count.
+local function store_new(id, stored, tries)
+  redis.call('HSET', sigs, id, stored)
+  if tries and tries ~= '0' then
+    redis.call('HSET', attempts, id, tries)
+  end
 end
 
 local function forget_done(ids)
@@ -200,8 +255,9 @@ local function prune_done()
 end
 
 -- [G2] The model's `remember_done` for each of `ids` in order (a repeated id moves to the
--- end), then at most DONE_LIMIT are kept, the oldest forgotten first.
-local function remember_done(ids, token, ok)
+-- end), then at most DONE_LIMIT are kept, the oldest forgotten first. `tries` (a failed
+-- entry's attempts, nil for 0) is kept with each entry.
+local function remember_done(ids, token, ok, tries)
   local n = 0
   if redis.call('EXISTS', done) == 1 then
     prune_done()
@@ -209,6 +265,9 @@ local function remember_done(ids, token, ok)
     n = tonumber(newest[2] or '0')
   end
   local entry = fmt(now_ms()) .. ':' .. token .. ':' .. (ok and '1' or '0')
+  if tries and tries > 0 then
+    entry = entry .. ':' .. fmt(tries)
+  end
   for i = 1, #ids, CHUNK do
     local scored, entries = {}, {}
     for j = i, math.min(i + CHUNK - 1, #ids) do
@@ -230,11 +289,13 @@ local function remember_done(ids, token, ok)
 end
 
 -- [G6] The owner (holding grant `token`) finished. `failure` is nil, or {error=, requeue_owner=,
--- max_attempts=}. Without a failure its in-flight signals are done (remembered for dedupe).
--- After one, each (but the owner's own when not requeue_owner: removed, the platform retries
--- it) gets one more attempt and goes back to the head of the queue in in-flight order, or to
--- the dead letters at max_attempts. The owner's own id is remembered either way (ok = no
--- failure): a resend of its step is recognised by it after a newcomer overwrote p/pt [N4].
+-- max_attempts=, halt=}. Without a failure its in-flight signals are done (remembered for dedupe).
+-- After one, each gets one more attempt and goes to the dead letters at max_attempts (indexed in
+-- deadidx; with failure.halt the key is halted), else back to the head of the queue in in-flight
+-- order, except the owner's own when not requeue_owner: removed (the platform retries it), its
+-- count kept in the owner's failed done entry, so that retry resumes it (store_new). The
+-- owner's own id is remembered either way (ok = no failure): a resend of its step is recognised
+-- by it after a newcomer overwrote p/pt [N4].
 -- `mark_owner`: transfer_to_next remembers its owner's id with the token (row N4 needs it to
 -- recognise a resend); the contract's release and transfer do not (a plain owner is no signal).
 local function complete(owner, token, failure, mark_owner)
@@ -256,27 +317,31 @@ local function complete(owner, token, failure, mark_owner)
     return
   end
   local back = {}
+  local own_tries = 0
   for i = 1, #ids do
     local id = ids[i]
-    if id ~= owner or failure.requeue_owner then
-      local tries = tonumber(attempts_of(id)) + 1
-      if tries >= failure.max_attempts then
-        local entry = cjson.encode({n = redis.call('HLEN', dead) + 1,
-                                    r = redis.call('HGET', sigs, id), a = tries,
-                                    e = failure.error, at = now_ms()})
-        redis.call('HSET', dead, id, entry)
-        redis.call('HDEL', sigs, id)
-        redis.call('HDEL', attempts, id)
-      else
-        redis.call('HSET', attempts, id, tries)
-        back[#back + 1] = id
+    local tries = tonumber(attempts_of(id)) + 1
+    if tries >= failure.max_attempts then
+      local entry = cjson.encode({n = redis.call('HLEN', dead) + 1,
+                                  r = redis.call('HGET', sigs, id), a = tries,
+                                  e = failure.error, at = now_ms()})
+      redis.call('HSET', dead, id, entry)
+      redis.call('HDEL', sigs, id)
+      redis.call('HDEL', attempts, id)
+      redis.call('ZADD', deadidx, 0, member)
+      if failure.halt then
+        set_halted(true)
       end
+    elseif id ~= owner or failure.requeue_owner then
+      redis.call('HSET', attempts, id, tries)
+      back[#back + 1] = id
     else
       redis.call('HDEL', sigs, id)
       redis.call('HDEL', attempts, id)
+      own_tries = tries
     end
   end
-  remember_done({owner}, token, false)
+  remember_done({owner}, token, false, own_tries)
   for i = #back, 1, -1 do
     redis.call('LPUSH', queue, back[i])
   end

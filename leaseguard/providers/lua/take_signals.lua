@@ -17,6 +17,9 @@ else
   ids = redis.call('LPOP', queue, limit) or {}
   each_chunk(ids, function(...) redis.call('RPUSH', inflight, ...) end)
   redis.call('HSET', lease, 'k', nonce, 'kn', #ids)
+  if #ids > 0 then
+    set_grant_token(cur[4])
+  end
   sync_index()
 end
 return append_signals({1}, ids)

@@ -1,6 +1,6 @@
 -- transfer_to_next: rows [N1]..[N5] (with [G2] [G3] [G4] [G6] [G7]).
 -- ARGV: member, owner, ttl_ms, claimed (1|0), token ('' for any), failed (1|0), error,
---       requeue_owner (1|0), max_attempts
+--       requeue_owner (1|0), max_attempts, halt (1|0: on_poison="halt")
 --   -> {1, head, token, stored_head, attempts}   handed off
 --   -> {2}                                       released (or a resend of an applied step
 --                                                that released or completed)
@@ -8,7 +8,8 @@
 local owner, ttl, claimed, token = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local failure = nil
 if ARGV[6] == '1' then
-  failure = {error = ARGV[7], requeue_owner = ARGV[8] == '1', max_attempts = tonumber(ARGV[9])}
+  failure = {error = ARGV[7], requeue_owner = ARGV[8] == '1', max_attempts = tonumber(ARGV[9]),
+             halt = ARGV[10] == '1'}
 end
 local cur = redis.call('HMGET', lease, 'o', 't', 'p', 'pt')
 if cur[1] ~= owner or (token ~= '' and cur[2] ~= token) then
@@ -31,8 +32,8 @@ if cur[1] ~= owner or (token ~= '' and cur[2] ~= token) then
 end
 local grant_token = cur[2]
 complete(owner, grant_token, failure, true)
-if redis.call('LLEN', queue) == 0 then
-  free(owner, grant_token) -- [N1] nothing queued: released
+if redis.call('LLEN', queue) == 0 or is_halted() then
+  free(owner, grant_token) -- [N1] nothing queued (or halted): released
   sync_index()
   return {2}
 end

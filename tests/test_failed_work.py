@@ -1,0 +1,467 @@
+"""Failed work is never silently dropped (issue 11), on every backend: a full queue refuses
+visibly, a poison signal halts its key when asked to, a signal whose runs keep dying is
+dead-lettered, dead letters are redriven, an envelope retry after its receiver died runs the
+signal, and a Lambda function with no backend refuses to run uncoordinated.
+
+The protocol rows named here (Q8, Q9, G5, C4, V1, D4) are in docs/protocol.md; the explorer
+(``make model-check``) and the differential suite check the same rows exhaustively and
+against the model.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import warnings
+from dataclasses import replace
+from typing import Any
+
+import boto3
+import pytest
+from aws_lambda_powertools.utilities.batch import (
+    BatchProcessor,
+    EventType,
+    process_partial_response,
+)
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from botocore.stub import ANY, Stubber
+from moto import mock_aws
+
+from leaseguard import (
+    ConfigurationError,
+    InMemoryLeaseProvider,
+    InvalidLeaseArgument,
+    PayloadTooLarge,
+    QueueFull,
+    Signal,
+    current_lease,
+    lease_owned,
+)
+from leaseguard.config import ProviderConfig, provider_from_env
+from leaseguard.handoff import Envelope
+from leaseguard.providers.base import BaseLeaseProvider
+from leaseguard.testing import LambdaContext
+from tests.conftest import let_leases_expire
+from tests.test_guard import CountingMetrics, http_event
+from tests.test_guard_integrations import sqs_record
+
+TTL = 3_000
+
+
+class Holder:
+    """Holds a key in a background invocation until released."""
+
+    def __init__(self, handler: Any, event: Any) -> None:
+        self.inside, self.release = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=handler, args=(event, LambdaContext()))
+
+    def __enter__(self) -> Holder:
+        self.thread.start()
+        assert self.inside.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self.thread.join(20)
+        assert not self.thread.is_alive()
+
+
+# -- Q8: a bounded queue -----------------------------------------------------------------------
+
+
+def test_a_full_queue_refuses_the_forward_and_stores_nothing(provider: BaseLeaseProvider) -> None:
+    provider.acquire_or_enqueue("q", Signal("owner", {}), TTL)
+    provider.acquire_or_enqueue("q", Signal("a", {"n": 1}), TTL, max_queue=2)
+    provider.acquire_or_enqueue("q", Signal("b", {"n": 2}), TTL, max_queue=2)
+    before = replace(provider.inspect_key("q"), remaining_ms=None)
+    with pytest.raises(QueueFull) as refused:
+        provider.acquire_or_enqueue("q", Signal("c", {"n": 3}), TTL, max_queue=2)
+    assert (refused.value.depth, refused.value.limit, refused.value.holder) == (2, 2, "owner")
+    assert "max_queue is 2" in str(refused.value)
+    assert replace(provider.inspect_key("q"), remaining_ms=None) == before
+    # Already queued: answered with its place, not refused (a resend of an accepted forward).
+    again = provider.acquire_or_enqueue("q", Signal("a", {"n": 1}), TTL, max_queue=2)
+    assert again.position == 1
+    with pytest.raises(InvalidLeaseArgument):
+        provider.acquire_or_enqueue("q", Signal("d", {}), TTL, max_queue=0)
+
+
+def test_api_gateway_gets_429_and_a_direct_call_raises_when_the_queue_is_full(
+    provider: BaseLeaseProvider,
+) -> None:
+    metrics = CountingMetrics()
+    holder: Holder
+
+    @lease_owned(
+        lambda e: e.get("pathParameters", e).get("threadId") or e["k"],
+        provider=provider,
+        ttl_ms=TTL,
+        max_queue=1,
+        metrics=metrics,
+    )
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        if event.get("body") == "hold":
+            holder.inside.set()
+            holder.release.wait(10)
+        return {"statusCode": 200}
+
+    with (holder := Holder(handler, http_event("t", "hold"))):
+        first = handler(http_event("t", "one"), LambdaContext())
+        assert first["statusCode"] == 202
+        assert json.loads(first["body"])["leaseguard"]["position"] == 1
+        full = handler(http_event("t", "two"), LambdaContext())
+        assert full["statusCode"] == 429
+        assert json.loads(full["body"])["leaseguard"]["max_queue"] == 1
+        with pytest.raises(QueueFull):
+            handler({"k": "t", "body": "direct"}, LambdaContext())
+        assert [s.payload["body"] for s in provider.inspect_key("t").queued] == ["one"]
+    assert metrics.values["QueueDepth"] == [1]
+    assert metrics.names.count("QueueFull") == 2
+
+
+def test_a_full_queue_turns_an_sqs_record_into_a_batch_item_failure(
+    provider: BaseLeaseProvider,
+) -> None:
+    processor = BatchProcessor(event_type=EventType.SQS)
+    holder: Holder
+
+    @lease_owned(
+        lambda record: record.json_body["orderId"], provider=provider, ttl_ms=TTL, max_queue=1
+    )
+    def record_handler(record: SQSRecord, lambda_context: Any = None) -> str:
+        if record.json_body["note"] == "hold":
+            holder.inside.set()
+            holder.release.wait(10)
+        return str(record.message_id)
+
+    def lambda_handler(event: dict[str, Any], context: Any) -> Any:
+        return process_partial_response(event, record_handler, processor, context)
+
+    with (holder := Holder(lambda_handler, {"Records": [sqs_record("m0", "A", "hold")]})):
+        batch = {"Records": [sqs_record("m1", "A", "queued"), sqs_record("m2", "A", "full")]}
+        response = lambda_handler(batch, LambdaContext())
+        # m1 waits in the queue (processed as far as SQS is concerned); m2 comes back later.
+        assert response == {"batchItemFailures": [{"itemIdentifier": "m2"}]}
+    assert provider.inspect_key("A").queued == ()
+
+
+# -- G6 halt, Q9, D4, V1: strict order past a poison signal -------------------------------------
+
+
+def test_halt_keeps_strict_order_until_the_dead_letter_is_redriven(
+    provider: BaseLeaseProvider,
+) -> None:
+    ran: list[str] = []
+    poison = {"bad": True}
+    holder: Holder
+
+    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL, max_attempts=2, on_poison="halt")
+    def handler(event: dict[str, Any], context: Any) -> Any:
+        if event["n"] == "hold":
+            holder.inside.set()
+            holder.release.wait(10)
+        ran.append(event["n"])
+        if event["n"] == "poison" and poison["bad"]:
+            raise ValueError("poison")
+        return str(event["n"])
+
+    with (holder := Holder(handler, {"k": "h", "n": "hold"})):
+        handler({"k": "h", "n": "poison"}, LambdaContext())
+        handler({"k": "h", "n": "after"}, LambdaContext())
+    assert ran == ["hold", "poison", "poison"]  # "after" waits behind the dead letter
+    state = provider.inspect_key("h")
+    assert state.halted and state.owner is None
+    assert [d.payload["n"] for d in state.dead_letters] == ["poison"]
+    assert [s.payload["n"] for s in state.queued] == ["after"]
+    assert provider.adopt_orphans(TTL, 10) == []  # [D4] the sweeper leaves it alone
+    assert "h" in provider.dead_letter_keys()
+    # [Q9] a new event on the halted key queues too, it does not run
+    late = handler({"k": "h", "n": "late"}, LambdaContext())
+    assert late["leaseguard"]["position"] == 2 and late["leaseguard"]["holder"] is None
+    assert ran == ["hold", "poison", "poison"]
+
+    poison["bad"] = False
+    assert provider.redrive("h") == 1  # [V1]
+    assert provider.redrive("h") == 0  # a resend of it moves nothing more
+    state = provider.inspect_key("h")
+    assert not state.halted and not state.dead_letters
+    assert [s.payload["n"] for s in state.queued] == ["poison", "after", "late"]
+    assert provider.redrive("h") == 0
+    assert "h" not in provider.dead_letter_keys()
+    handler({"k": "h", "n": "next"}, LambdaContext())  # adopts the redriven work (Q6)
+    assert ran[3:] == ["poison", "after", "late", "next"]
+    assert provider.inspect_key("h").owner is None
+
+
+def test_redrive_of_chosen_ids_and_bad_arguments(provider: BaseLeaseProvider) -> None:
+    provider.acquire_or_enqueue("r", Signal("own", {}), TTL)
+    for sid in ("a", "b"):
+        provider.acquire_or_enqueue("r", Signal(sid, {"id": sid}), TTL)
+    token = provider.inspect_key("r").token
+    assert provider.take_signals("r", "own", 10, token=token)
+    provider.transfer_to_next("r", "own", TTL, token=token, error="boom", max_attempts=1)
+    assert [d.id for d in provider.inspect_key("r").dead_letters] == ["own", "a", "b"]
+    with pytest.raises(InvalidLeaseArgument):
+        provider.redrive("r", "a")  # a str is not a list of ids
+    with pytest.raises(InvalidLeaseArgument):
+        provider.redrive("r", [])
+    assert provider.redrive("r", ["b", "missing"]) == 1
+    state = provider.inspect_key("r")
+    assert [d.id for d in state.dead_letters] == ["own", "a"]
+    assert [(s.id, s.attempts) for s in state.queued] == [("b", 0)]
+
+
+# -- G5: a signal whose runs keep dying ----------------------------------------------------------
+
+
+def test_a_signal_whose_runs_never_finish_is_dead_lettered_without_running_again(
+    provider: BaseLeaseProvider,
+) -> None:
+    ran: list[str] = []
+
+    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL, max_attempts=2)
+    def handler(event: dict[str, Any], context: Any) -> str:
+        ran.append(event["n"])
+        return str(event["n"])
+
+    provider.acquire_lease("c", "dead", TTL)
+    provider.acquire_or_enqueue("c", Signal("s", {"k": "c", "n": "crasher"}), TTL)
+    let_leases_expire(provider, ("c", "dead"))
+    # Two owners of "s" die mid-run (adopted, then their leases run out): each counts.
+    for attempts in (0, 1):
+        (adopted,) = provider.adopt_orphans(TTL, 10, claim=True)
+        assert adopted[1].id == "s" and adopted[1].attempts == attempts
+        let_leases_expire(provider, ("c", "s"))
+    assert handler({"k": "c", "n": "new"}, LambdaContext()) == "new"
+    assert ran == ["new"]  # the crasher is not run a third time
+    state = provider.inspect_key("c")
+    (dead,) = state.dead_letters
+    assert dead.id == "s" and dead.attempts == 3 and "did not finish" in dead.error
+    assert state.owner is None and not state.queued
+
+
+# -- C4: an envelope retried after its receiver died ---------------------------------------------
+
+
+def test_a_retried_envelope_runs_the_signal_after_its_receiver_died(
+    provider: BaseLeaseProvider,
+) -> None:
+    ran: list[tuple[str, int]] = []
+
+    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL)
+    def handler(event: dict[str, Any], context: Any) -> Any:
+        ran.append((event["n"], current_lease().token or 0))
+        return str(event["n"])
+
+    provider.acquire_or_enqueue("e", Signal("first", {"k": "e", "n": "first"}), TTL)
+    provider.acquire_or_enqueue("e", Signal("next", {"k": "e", "n": "next"}), TTL)
+    first_token = provider.inspect_key("e").token
+    grant = provider.transfer_to_next("e", "first", TTL, claim=False, token=first_token)
+    assert grant is not None and grant.token is not None
+    envelope = Envelope("e", grant.id, grant.token, grant.payload).to_event()
+    assert provider.claim_signal("e", grant.id, grant.token, TTL) is not None  # receiver 1
+    let_leases_expire(provider, ("e", "next"))  # ... which died mid-run
+    handler(envelope, LambdaContext())  # Lambda's retry of the same envelope
+    assert [n for n, _ in ran] == ["next"] and ran[0][1] > grant.token
+    # A duplicate of the envelope now finds the work done and runs nothing.
+    assert handler(envelope, LambdaContext())["leaseguard"]["status"] == "rejected"
+    state = provider.inspect_key("e")
+    assert state.owner is None and not state.queued and not state.in_flight
+
+
+# -- dead letters copied to an SQS queue --------------------------------------------------------
+
+
+def test_dead_letters_are_copied_to_the_dead_letter_queue(monkeypatch: Any) -> None:
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    provider = InMemoryLeaseProvider()
+    with mock_aws():
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        url = sqs.create_queue(QueueName="leaseguard-dead-letters")["QueueUrl"]
+        holder: Holder
+
+        @lease_owned(
+            lambda e: e["k"],
+            provider=provider,
+            ttl_ms=TTL,
+            max_attempts=1,
+            dead_letter_queue_url=url,
+            sqs_client=sqs,
+        )
+        def handler(event: dict[str, Any], context: Any) -> str:
+            if event["n"] == "hold":
+                holder.inside.set()
+                holder.release.wait(10)
+            if event["n"] == "poison":
+                raise ValueError("cannot parse")
+            return str(event["n"])
+
+        with (holder := Holder(handler, {"k": "d", "n": "hold"})):
+            handler({"k": "d", "n": "poison"}, LambdaContext())
+        messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+    (body,) = [json.loads(m["Body"]) for m in messages]
+    assert body["key"] == "d" and body["payload"] == {"k": "d", "n": "poison"}
+    assert body["attempts"] == 1 and "cannot parse" in body["error"]
+    assert [d.payload["n"] for d in provider.inspect_key("d").dead_letters] == ["poison"]
+
+
+def test_max_attempts_comes_from_the_environment(monkeypatch: Any) -> None:
+    monkeypatch.setenv("LEASEGUARD_MAX_ATTEMPTS", "5")
+    guarded = lease_owned("k", provider=InMemoryLeaseProvider())(lambda e, c: None)
+    assert guarded.__leaseguard__.max_attempts == 5  # type: ignore[attr-defined]
+    monkeypatch.setenv("LEASEGUARD_MAX_ATTEMPTS", "five")
+    with pytest.raises(ConfigurationError, match="LEASEGUARD_MAX_ATTEMPTS"):
+        lease_owned("k", provider=InMemoryLeaseProvider())(lambda e, c: None)
+    monkeypatch.delenv("LEASEGUARD_MAX_ATTEMPTS")
+    with pytest.raises(ConfigurationError, match="on_poison"):
+        lease_owned("k", on_poison="stop")(lambda e, c: None)  # type: ignore[arg-type]
+
+
+# -- fail closed ---------------------------------------------------------------------------------
+
+
+def test_a_lambda_function_with_no_backend_fails_closed(monkeypatch: Any) -> None:
+    for name in ("LEASEGUARD_BACKEND", "LEASEGUARD_REDIS_URL", "LEASEGUARD_TABLE_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "orders")
+    provider_from_env.cache_clear()
+    ran: list[Any] = []
+
+    def append(event: Any, context: Any) -> None:
+        ran.append(event)
+
+    handler = lease_owned("k")(append)
+    try:
+        with pytest.raises(ConfigurationError, match="LEASEGUARD_BACKEND=redis"):
+            handler({"k": "x"}, LambdaContext())
+        assert ran == []
+        # Uncoordinated on purpose: an explicit choice, no error.
+        monkeypatch.setenv("LEASEGUARD_BACKEND", "noop")
+        provider_from_env.cache_clear()
+        handler({"k": "x"}, LambdaContext())
+        assert ran == [{"k": "x"}]
+    finally:
+        provider_from_env.cache_clear()
+    # Outside Lambda the no-op fallback stays, with a warning.
+    monkeypatch.delenv("AWS_LAMBDA_FUNCTION_NAME")
+    monkeypatch.delenv("LEASEGUARD_BACKEND")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert ProviderConfig.from_env().backend == "noop"
+    assert any("no-op provider" in str(w.message) for w in caught)
+
+
+# -- sizes: anything Lambda can deliver ----------------------------------------------------------
+
+LAMBDA_SYNC_LIMIT = 6 * 1024 * 1024
+
+
+@pytest.mark.parametrize("size", [300_000, 1_048_576, LAMBDA_SYNC_LIMIT - 1_000])
+def test_a_forwarded_event_up_to_the_lambda_limit_is_stored(
+    provider: BaseLeaseProvider, size: int
+) -> None:
+    """Up to 6 MB (a synchronous invocation's limit; 1 MB async, 256 KiB an SQS body): stored
+    whole on every backend (on DynamoDB, split across items) and given back unchanged."""
+    payload = {"body": "x" * (size - 20)}
+    provider.acquire_or_enqueue("big", Signal("owner", {}), TTL)
+    assert provider.acquire_or_enqueue("big", Signal("large", payload), TTL).position == 1
+    (queued,) = provider.inspect_key("big").queued
+    assert queued.payload == payload
+    token = provider.inspect_key("big").token
+    nxt = provider.transfer_to_next("big", "owner", TTL, token=token)
+    assert nxt is not None and nxt.id == "large" and nxt.payload == payload
+    assert provider.transfer_to_next("big", "large", TTL, token=nxt.token) is None
+
+
+def test_an_event_over_the_limit_is_refused_before_any_write(
+    provider: BaseLeaseProvider,
+) -> None:
+    @lease_owned(lambda e: e["pathParameters"]["threadId"], provider=provider, ttl_ms=TTL)
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        return {"statusCode": 200}
+
+    huge = http_event("z", "x" * (LAMBDA_SYNC_LIMIT + 10))
+    answer = handler(huge, LambdaContext())
+    assert answer["statusCode"] == 413
+    assert "the limit is" in json.loads(answer["body"])["leaseguard"]["reason"]
+    with pytest.raises(PayloadTooLarge) as refused:
+        handler({"pathParameters": {"threadId": "z"}, "b": huge["body"]}, LambdaContext())
+    assert refused.value.limit == provider.max_payload_bytes
+    state = provider.inspect_key("z")
+    assert state.owner is None and not state.queued and not state.in_flight
+
+
+# -- the response shape of an adopted chain ------------------------------------------------------
+
+
+def test_an_adopted_chain_that_hands_off_answers_api_gateway_with_202(
+    provider: BaseLeaseProvider,
+) -> None:
+    """The new event adopts an orphan, runs it, and hands its own event off by Invoke: API
+    Gateway must get an HTTP answer (202), never the raw body (a REST proxy turns it into 502)."""
+    client = boto3.client(
+        "lambda", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+    stub = Stubber(client)
+    stub.add_response(
+        "invoke",
+        {"StatusCode": 202},
+        {"FunctionName": ANY, "InvocationType": "Event", "Payload": ANY},
+    )
+    ran: list[str] = []
+
+    @lease_owned(
+        lambda e: e["pathParameters"]["threadId"],
+        provider=provider,
+        ttl_ms=TTL,
+        handoff="invoke",
+        lambda_client=client,
+    )
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        ran.append(event["body"])
+        return {"statusCode": 200, "body": event["body"]}
+
+    provider.acquire_lease("a", "dead-owner", TTL)
+    provider.acquire_or_enqueue("a", Signal("orphan", http_event("a", "orphan")), TTL)
+    let_leases_expire(provider, ("a", "dead-owner"))
+    with stub:
+        answer = handler(http_event("a", "mine"), LambdaContext())
+        stub.assert_no_pending_responses()
+    assert ran == ["orphan"]
+    assert answer["statusCode"] == 202
+    assert json.loads(answer["body"])["leaseguard"]["status"] == "queued"
+
+
+# -- the invocation's own event: the platform's retries count too --------------------------------
+
+
+def test_an_own_event_failing_on_every_platform_retry_is_dead_lettered(
+    provider: BaseLeaseProvider,
+) -> None:
+    """Lambda (or SQS) retries a failed invocation with the same request id (message id): each
+    delivery's failure counts, and the last one is dead-lettered on the key with its payload,
+    so the next retry is answered "duplicate" instead of failing forever."""
+    ran: list[int] = []
+
+    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL, max_attempts=3)
+    def handler(event: dict[str, Any], context: Any) -> Any:
+        ran.append(current_lease().token or 0)
+        raise ValueError("always fails")
+
+    context = LambdaContext()  # the platform's retries share the request id
+    for attempt in range(3):
+        with pytest.raises(ValueError):
+            handler({"k": "own", "n": attempt}, context)
+        state = provider.inspect_key("own")
+        assert state.owner is None and not state.queued
+        assert len(state.dead_letters) == (1 if attempt == 2 else 0)
+    (dead,) = provider.inspect_key("own").dead_letters
+    assert dead.id == context.aws_request_id and dead.attempts == 3
+    assert dead.payload == {"k": "own", "n": 2} and "always fails" in dead.error
+    again = handler({"k": "own", "n": 3}, context)  # a fourth delivery runs nothing
+    assert again["leaseguard"]["status"] == "duplicate" and len(ran) == 3
