@@ -468,6 +468,7 @@ class _Invocation:
                 try:
                     outcome = yield _Run(event, handle)
                 finally:
+                    handle.settle()  # a TTL that ran out is the reason, not the stop below
                     renewer.stop()
                 held_ms = (time.monotonic() - started) * 1000
                 longest_ms = max(longest_ms, held_ms)
