@@ -29,7 +29,7 @@ from leaseguard.providers.redis import RedisLeaseProvider
 from leaseguard.testing import LambdaContext, RedisServer
 
 
-def sqs_record(message_id: str, order: str, note: str = "") -> dict[str, Any]:
+def sqs_record(message_id: str, order: str, note: Any = "") -> dict[str, Any]:
     return {
         "messageId": message_id,
         "receiptHandle": f"rh-{message_id}",

@@ -889,20 +889,10 @@ PRESETS = {
         redrives=1,
         platform_retries=0,
     ),
-    # make model-check: the same with a platform retry of every refused or failed event
-    "queue-retries": Bounds(
-        events=3,
-        faults=1,
-        expiries=0,
-        renews=0,
-        takes=0,
-        max_attempts=1,
-        max_queue=1,
-        halt=True,
-        redrives=1,
-        platform_retries=1,
-    ),
 }
+
+# make model-check: the queue bounds with a platform retry of every refused or failed event
+PRESETS["queue-retries"] = replace(PRESETS["queue"], platform_retries=1)
 
 
 def check_model(
