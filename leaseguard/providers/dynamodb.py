@@ -98,6 +98,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from leaseguard.config import DEFAULT_CLOCK_SKEW_MS
 from leaseguard.contract import LeaseResult
 from leaseguard.errors import (
     ConfigurationError,
@@ -120,7 +121,6 @@ LEASE_SK = "lease"
 SIGNAL_SK_PREFIX = "sig#"
 ORPHAN_INDEX = "orphans"
 DEAD_LETTER_INDEX = "dead_letters"
-DEFAULT_CLOCK_SKEW_MS = 1_000
 DEFAULT_RETENTION_S = 7 * 86_400
 DEFAULT_ORPHAN_SHARDS = 8
 DEFAULT_MAX_ATTEMPTS = 4

@@ -152,10 +152,6 @@ def escape_key(key: str) -> str:
     return key.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
 
 
-def unescape_key(tag: str) -> str:
-    return tag.replace("%7D", "}").replace("%7B", "{").replace("%25", "%")
-
-
 def key_slot(tag: str) -> int:
     return crc_hqx(tag.encode("utf-8"), 0) % CLUSTER_SLOTS
 
