@@ -586,15 +586,23 @@ def test_orphans_run_before_a_new_event(provider: BaseLeaseProvider) -> None:
 
 
 def test_async_handler(provider: BaseLeaseProvider) -> None:
-    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=300)
+    # moto answers in tens of ms, far more on a loaded machine: a longer TTL there keeps the
+    # test about renewal, not about moto's latency.
+    ttl = 1_500 if type(provider).__name__ == "DynamoDBLeaseProvider" else 300
+    started: list[asyncio.Event] = []
+
+    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=ttl)
     async def handler(event: dict[str, Any], context: Any) -> tuple[str, bool]:
-        await asyncio.sleep(0.5)  # longer than the TTL: renewal must keep the lease
+        started[0].set()
+        await asyncio.sleep(ttl * 1.6 / 1000)  # longer than the TTL: renewal must keep it
         lease = current_lease()
         return lease.key, lease.lost
 
     async def main() -> list[Any]:
+        started.append(asyncio.Event())
         first = asyncio.create_task(handler({"k": "async"}, LambdaContext()))
-        await asyncio.sleep(0.1)
+        # The guard's backend calls run off the event loop: wait until the first owns the key.
+        await asyncio.wait_for(started[0].wait(), 10)
         second = await handler({"k": "async"}, LambdaContext())
         return [await first, second]
 
