@@ -11,6 +11,8 @@ The public surface is what this module exports; see README.md for a guide and
 # the real imports; ``TYPE_CHECKING`` is a local constant so that ``typing`` itself stays out.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .contract import LeaseProvider, LeaseResult, is_lease_provider, resolve_provider
     from .errors import (
         ConfigurationError,
@@ -92,19 +94,29 @@ _EXPORTS = {
 }
 
 
+def _lazy_getattr(
+    package: str, exports: dict[str, str], namespace: dict[str, object]
+) -> "Callable[[str], object]":
+    """A module ``__getattr__`` for ``package``: each name in ``exports`` loads its module
+    (relative to ``package``) on first use, then stays in ``namespace`` as a plain attribute."""
+
+    def __getattr__(name: str) -> object:
+        module = exports.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        from importlib import import_module
+
+        value = getattr(import_module(f"{package}.{module}"), name)
+        namespace[name] = value  # resolved once; later lookups are plain module attributes
+        return value
+
+    return __getattr__
+
+
 # Hidden from type checkers, which see the imports above: with a module __getattr__ in view,
 # mypy would accept any misspelt name as an ``object``.
 if not TYPE_CHECKING:
-
-    def __getattr__(name: str) -> object:
-        module = _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        from importlib import import_module
-
-        value = getattr(import_module(f"{__name__}.{module}"), name)
-        globals()[name] = value  # resolved once; later lookups are plain module attributes
-        return value
+    __getattr__ = _lazy_getattr(__name__, _EXPORTS, globals())
 
 
 def __dir__() -> list[str]:

@@ -33,16 +33,9 @@ _MODULES = {
 # Hidden from type checkers, which see the imports above: with a module __getattr__ in view,
 # mypy would accept any misspelt name as an ``object``.
 if not TYPE_CHECKING:
+    from leaseguard import _lazy_getattr
 
-    def __getattr__(name: str) -> object:
-        module = _MODULES.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        from importlib import import_module
-
-        value = getattr(import_module(f"{__name__}.{module}"), name)
-        globals()[name] = value
-        return value
+    __getattr__ = _lazy_getattr(__name__, _MODULES, globals())
 
 
 def __dir__() -> list[str]:

@@ -1665,12 +1665,7 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
             # order); appends since the snapshot stay behind them. A halted key leaves the
             # orphan index: nothing of it is adopted until a redrive ([D4] [V1]).
             if back:
-                sets += [
-                    "#q = list_append(:rq, if_not_exists(#q, :empty))",
-                    "#qn = list_append(:rqn, if_not_exists(#qn, :empty))",
-                ]
-                values[":rq"] = [sid for sid, _ in back]
-                values[":rqn"] = [ref for _, ref in back]
+                _put_at_head(sets, values, back)
             sets.append("#ttl = :ttl")
             removes += ["#o", "#c", "#f", "#fn", "#gp", "#gx"]
             values[":ttl"] = self._ttl(now)
@@ -1698,12 +1693,7 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
                 if head_at < len(back):
                     rest = back[head_at + 1 :]
                     if rest:
-                        sets += [
-                            "#q = list_append(:rq, if_not_exists(#q, :empty))",
-                            "#qn = list_append(:rqn, if_not_exists(#qn, :empty))",
-                        ]
-                        values[":rq"] = [sid for sid, _ in rest]
-                        values[":rqn"] = [ref for _, ref in rest]
+                        _put_at_head(sets, values, rest)
                 else:
                     upto = head_at - len(back)
                     removes += [f"#q[{i}], #qn[{i}]" for i in range(upto + 1)]
@@ -2170,6 +2160,17 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
             dead_letters=tuple(dead),
             halted=lease.halted,
         )
+
+
+def _put_at_head(sets: list[str], values: dict[str, Any], items: Sequence[tuple[str, str]]) -> None:
+    """[G5]/[G6] ``(id, payload ref)`` pairs go to the head of the queue, in order; appends
+    since the snapshot stay behind them (``values`` must hold ``:empty``)."""
+    sets += [
+        "#q = list_append(:rq, if_not_exists(#q, :empty))",
+        "#qn = list_append(:rqn, if_not_exists(#qn, :empty))",
+    ]
+    values[":rq"] = [sid for sid, _ in items]
+    values[":rqn"] = [ref for _, ref in items]
 
 
 def _same_grant(token: int | None) -> str:
