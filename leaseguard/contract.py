@@ -25,60 +25,15 @@ backend failures raise :class:`~leaseguard.errors.LeaseBackendError` and never p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from .types import LEASE_PROVIDER_METHODS, LeaseProvider, LeaseResult, is_lease_provider
 
-from .signals import Signal
-
-LEASE_PROVIDER_METHODS = (
-    "acquire_lease",
-    "get_lease_owner",
-    "release_lease",
-    "renew_lease",
-    "transfer_lease",
-)
-
-
-@dataclass(frozen=True)
-class LeaseResult:
-    """The outcome of an acquire.
-
-    ``owner`` is the holder after the call (the caller when ``acquired``), ``token`` the
-    holder's fencing token when known. The queue step
-    (:meth:`~leaseguard.signals.SignalQueue.acquire_or_enqueue`) also fills ``position``
-    (1-based place of the queued signal, when not acquired) and ``adopted`` (the orphaned
-    signal the caller now owns and must run before its own, when acquired) and ``attempts``.
-    """
-
-    acquired: bool
-    owner: str | None
-    token: int | None
-    position: int | None = None
-    adopted: Signal | None = None
-    attempts: int = 0
-    """When the caller's own signal was granted: its failed runs so far (a platform retry of an
-    event that failed before resumes the count; see ``max_attempts``)."""
-
-
-@runtime_checkable
-class LeaseProvider(Protocol):
-    """The structural lease contract. Check with :func:`is_lease_provider`, not isinstance:
-    a backend from another package need not import this class."""
-
-    def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> LeaseResult: ...
-
-    def get_lease_owner(self, key: str) -> str | None: ...
-
-    def release_lease(self, key: str, owner: str) -> None: ...
-
-    def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool: ...
-
-    def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool: ...
-
-
-def is_lease_provider(obj: object) -> bool:
-    """True when ``obj`` has all five contract methods as callables (four is not enough)."""
-    return all(callable(getattr(obj, name, None)) for name in LEASE_PROVIDER_METHODS)
+__all__ = [
+    "LEASE_PROVIDER_METHODS",
+    "LeaseProvider",
+    "LeaseResult",
+    "is_lease_provider",
+    "resolve_provider",
+]
 
 
 def resolve_provider(obj: object) -> LeaseProvider:

@@ -686,9 +686,9 @@ def _http(status: int, body: dict[str, Any], headers: dict[str, str] | None = No
 
 
 def _default_sqs_client() -> Any:
-    from leaseguard.handoff import boto3_client
+    from leaseguard import aws
 
-    return boto3_client("sqs")
+    return aws.default_client("sqs")
 
 
 def _pending_or_none(provider: QueueProvider, key: str) -> int | None:

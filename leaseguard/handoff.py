@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
+from leaseguard import aws
 from leaseguard.errors import InvalidLeaseArgument, LeaseBackendError
 from leaseguard.events import as_json, is_sqs_record
 from leaseguard.validation import check_key, check_owner
@@ -104,7 +105,7 @@ class InvokeDispatcher:
 
     def __init__(self, function_name: str, client: Any = None) -> None:
         self.function_name = function_name
-        self.client = client if client is not None else boto3_client("lambda")
+        self.client = client if client is not None else aws.default_client("lambda")
 
     def dispatch(self, envelope: Envelope) -> None:
         try:
@@ -123,7 +124,7 @@ class SqsDispatcher:
 
     def __init__(self, queue_url: str, client: Any = None) -> None:
         self.queue_url = queue_url
-        self.client = client if client is not None else boto3_client("sqs")
+        self.client = client if client is not None else aws.default_client("sqs")
 
     def dispatch(self, envelope: Envelope) -> None:
         params: dict[str, Any] = {
@@ -141,19 +142,6 @@ class SqsDispatcher:
             self.client.send_message(**params)
         except Exception as exc:
             raise LeaseBackendError(f"SQS send to {self.queue_url} failed: {exc}") from exc
-
-
-_CLIENTS: dict[str, Any] = {}
-
-
-def boto3_client(service: Literal["lambda", "sqs"]) -> Any:
-    # One client per process: creating a boto3 client costs tens of milliseconds, and a warm
-    # Lambda environment reuses it across invocations.
-    if service not in _CLIENTS:
-        import boto3
-
-        _CLIENTS[service] = boto3.client(service)
-    return _CLIENTS[service]
 
 
 def dispatch_orphans(

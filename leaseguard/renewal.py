@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING
 from leaseguard.errors import LeaseguardError, LeaseLostError
 
 if TYPE_CHECKING:
-    from leaseguard.guard import QueueProvider
-    from leaseguard.signals import Signal
+    from leaseguard.types import QueueProvider, Signal
 
 _log = logging.getLogger("leaseguard")
 _CURRENT: contextvars.ContextVar[LeaseHandle] = contextvars.ContextVar("leaseguard_lease")

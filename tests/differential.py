@@ -135,21 +135,21 @@ def _capture(fn: Callable[[], Any]) -> tuple[str, Any]:
 
 def call_twice(module: Any, fn: Callable[[], Any]) -> tuple[str, Any]:
     """``fn`` run twice, the second time with the nonces the first drew from
-    ``module._nonce`` (a resent call): the second outcome."""
-    original, made = module._nonce, []
+    ``module.new_nonce`` (a resent call): the second outcome."""
+    original, made = module.new_nonce, []
 
     def record() -> str:
         made.append(original())
         return str(made[-1])
 
-    module._nonce = record
+    module.new_nonce = record
     try:
         _capture(fn)
         again = iter(list(made))
-        module._nonce = lambda: next(again, None) or original()
+        module.new_nonce = lambda: next(again, None) or original()
         return _capture(fn)
     finally:
-        module._nonce = original
+        module.new_nonce = original
 
 
 def model_side(name: str = "model", **options: Any) -> Side:

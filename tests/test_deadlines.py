@@ -28,7 +28,7 @@ from aws_lambda_powertools.utilities.batch.exceptions import UnexpectedBatchType
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from moto import mock_aws
 
-from leaseguard import InMemoryLeaseProvider, current_lease, lease_owned
+from leaseguard import InMemoryLeaseProvider, aws, current_lease, lease_owned
 from leaseguard import guard as guard_module
 from leaseguard.batch import (
     current_lambda_context,
@@ -37,7 +37,6 @@ from leaseguard.batch import (
     invocation_context,
 )
 from leaseguard.guard import DEFAULT_HANDOFF_MARGIN_MS
-from leaseguard.handoff import _CLIENTS
 from leaseguard.providers.base import BaseLeaseProvider
 from leaseguard.testing import LambdaContext
 from tests.test_guard_integrations import sqs_record
@@ -106,9 +105,10 @@ def env_backend(monkeypatch: pytest.MonkeyPatch, provider: BaseLeaseProvider) ->
 
 @pytest.fixture
 def stub_lambda(monkeypatch: pytest.MonkeyPatch) -> StubLambda:
-    """What ``boto3_client("lambda")`` returns for the README example, which passes none."""
+    """What ``aws.default_client("lambda")`` returns for the README example, which passes none."""
     stub = StubLambda()
-    monkeypatch.setitem(_CLIENTS, "lambda", stub)
+    made = aws.default_client
+    monkeypatch.setattr(aws, "default_client", lambda s: stub if s == "lambda" else made(s))
     return stub
 
 

@@ -261,24 +261,24 @@ def model_lost_reply(
     ranks(before)
     clock.now += advance_ms
     drawn: list[str] = []
-    original = memory_module._nonce
+    original = memory_module.new_nonce
 
     def record() -> str:
         drawn.append(original())
         return drawn[-1]
 
-    memory_module._nonce = record
+    memory_module.new_nonce = record
     try:
         first(model, before)
     finally:
-        memory_module._nonce = original
+        memory_module.new_nonce = original
     seen = ranks(between(model, before))
     again = iter(list(drawn))
-    memory_module._nonce = lambda: next(again, None) or original()
+    memory_module.new_nonce = lambda: next(again, None) or original()
     try:
         resent = ranks(first(model, before))
     finally:
-        memory_module._nonce = original
+        memory_module.new_nonce = original
     return seen, resent
 
 

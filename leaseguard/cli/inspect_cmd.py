@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from leaseguard.cli.backends import add_backend_arguments, build_provider, open_backend
-from leaseguard.signals import KeyState, now_ms
+from leaseguard.types import KeyState, now_ms
 
 PREVIEW_CHARS = 80
 ERROR_CHARS = 200

@@ -42,8 +42,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from leaseguard.contract import LeaseResult
 from leaseguard.signals import Signal, encode_signal
+from leaseguard.types import LeaseResult
 
 from .model import Failure, Full, KeyRecord, Lost, ProtocolModel
 

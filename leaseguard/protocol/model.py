@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from leaseguard.contract import LeaseResult
-from leaseguard.signals import DeadLetter, KeyState, Signal, decode_signal
+from leaseguard.signals import decode_signal
+from leaseguard.types import DeadLetter, KeyState, LeaseResult, Signal
 
 DEDUPE_WINDOW_MS = 300_000
 """How long a completed signal id is remembered: a resend or redelivery of it within this

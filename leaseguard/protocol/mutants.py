@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from leaseguard.contract import LeaseResult
-from leaseguard.signals import Signal
+from leaseguard.types import LeaseResult, Signal
 
 from .explore import ClientRules
 from .model import DEFAULT_MAX_QUEUE, Failure, Full, KeyRecord, Lost, ProtocolModel, Stored

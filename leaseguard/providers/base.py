@@ -8,11 +8,11 @@ or payload, and every backend accepts exactly the same inputs.
 
 from __future__ import annotations
 
+import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import ClassVar, Literal
 
-from leaseguard.contract import LeaseResult
 from leaseguard.errors import InvalidLeaseArgument
 from leaseguard.protocol.model import (
     DEFAULT_MAX_ATTEMPTS,
@@ -20,7 +20,8 @@ from leaseguard.protocol.model import (
     MAX_ERROR_CHARS,
     Failure,
 )
-from leaseguard.signals import KeyState, Signal, encode_signal
+from leaseguard.signals import encode_signal
+from leaseguard.types import KeyState, LeaseResult, Signal
 from leaseguard.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     check_key,
@@ -34,6 +35,13 @@ MAX_TOKEN = 2**63 - 1
 MAX_QUEUE_LIMIT = 1_000_000
 OnPoison = Literal["skip", "halt"]
 ON_POISON = ("skip", "halt")
+
+
+def new_nonce() -> str:
+    """Names one call of a protocol step. A client resends a request whose reply was lost (a
+    dropped connection after the backend applied it); the step finds its own nonce stored and
+    answers what it did the first time, instead of taking its own effect for someone else's."""
+    return secrets.token_hex(8)
 
 
 class BaseLeaseProvider(ABC):

@@ -99,7 +99,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from leaseguard.config import DEFAULT_CLOCK_SKEW_MS
-from leaseguard.contract import LeaseResult
 from leaseguard.errors import (
     ConfigurationError,
     InvalidLeaseArgument,
@@ -108,7 +107,8 @@ from leaseguard.errors import (
     QueueFull,
 )
 from leaseguard.protocol.model import DEDUPE_WINDOW_MS, DEFAULT_MAX_QUEUE, DONE_LIMIT, Failure
-from leaseguard.signals import DeadLetter, KeyState, Signal, decode_signal
+from leaseguard.signals import decode_signal
+from leaseguard.types import DeadLetter, KeyState, LeaseResult, Signal
 from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_positive_int
 
 from .base import BaseLeaseProvider

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import replace
 
-from leaseguard.contract import LeaseResult
 from leaseguard.errors import LeaseLostError, QueueFull
 from leaseguard.protocol.model import (
     DEFAULT_MAX_QUEUE,
@@ -28,21 +26,16 @@ from leaseguard.protocol.model import (
     Lost,
     ProtocolModel,
 )
-from leaseguard.signals import KeyState, Signal
+from leaseguard.types import KeyState, LeaseResult, Signal
 from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES
 
-from .base import BaseLeaseProvider
+from .base import BaseLeaseProvider, new_nonce
 
 _GC_EVERY = 1024
 
 
 def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
-
-
-def _nonce() -> str:
-    """Names one call, as on the other backends (a test replaying a call patches this)."""
-    return uuid.uuid4().hex
 
 
 class InMemoryLeaseProvider(BaseLeaseProvider):
@@ -127,7 +120,7 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
     def _acquire_or_enqueue(
         self, key: str, signal: Signal, record: str, ttl_ms: int, max_queue: int
     ) -> LeaseResult:
-        nonce = _nonce()
+        nonce = new_nonce()
         with self._lock:
             rec, now = self._open(key)
             result = self.model.acquire_or_enqueue(
@@ -141,7 +134,7 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
     def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]:
         with self._lock:
             rec, now = self._open(key)
-            taken = self.model.take(rec, owner, limit, token, _nonce(), now)
+            taken = self.model.take(rec, owner, limit, token, new_nonce(), now)
             if isinstance(taken, Lost):
                 raise LeaseLostError(key, owner, taken.holder)
             return taken
@@ -166,7 +159,7 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
     def _claim(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:
         with self._lock:
             rec, now = self._open(key)
-            signal = self.model.claim(rec, owner, token, ttl_ms, _nonce(), now)
+            signal = self.model.claim(rec, owner, token, ttl_ms, new_nonce(), now)
             self._index(key, rec)
             return signal
 
@@ -182,7 +175,7 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
                 if len(adopted) >= limit:
                     break
                 rec, now = self._open(key)
-                signal = self.model.adopt(rec, ttl_ms, claim, _nonce(), now)
+                signal = self.model.adopt(rec, ttl_ms, claim, new_nonce(), now)
                 self._index(key, rec)
                 if signal is not None:
                     adopted.append((key, signal))

@@ -7,9 +7,8 @@ always ``0``.
 
 from __future__ import annotations
 
-from leaseguard.contract import LeaseResult
 from leaseguard.protocol.model import Failure
-from leaseguard.signals import KeyState, Signal
+from leaseguard.types import KeyState, LeaseResult, Signal
 
 from .base import BaseLeaseProvider
 

@@ -63,7 +63,6 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from leaseguard.contract import LeaseResult
 from leaseguard.errors import InvalidLeaseArgument, LeaseBackendError, LeaseLostError, QueueFull
 from leaseguard.protocol.model import (
     DEDUPE_WINDOW_MS,
@@ -72,7 +71,8 @@ from leaseguard.protocol.model import (
     TOKEN_MEMORY_MS,
     Failure,
 )
-from leaseguard.signals import DeadLetter, KeyState, Signal, decode_signal
+from leaseguard.signals import decode_signal
+from leaseguard.types import DeadLetter, KeyState, LeaseResult, Signal
 from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES
 
 from .base import BaseLeaseProvider
