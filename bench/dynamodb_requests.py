@@ -5,7 +5,8 @@ create it:
 
 * leaseguard ``DynamoDBLeaseProvider``: the plain lease (``acquire_lease``, ``renew_lease`` x3,
   ``release_lease``) and the ``@lease_owned`` path (``acquire_or_enqueue``, ``renew_lease`` x3,
-  ``transfer_to_next`` with nothing queued);
+  ``transfer_to_next`` with nothing queued), once with a small event (stored inline in the
+  lease item) and once with an event over the inline budget (stored in a payload item);
 * Powertools for AWS Lambda's idempotency layer (``idempotent_function`` on a
   ``DynamoDBPersistenceLayer``): its record is a lock while a call is in progress;
 * ``python-dynamodb-lock`` (``DynamoDBLockClient``: ``acquire_lock``, three heartbeats,
@@ -267,9 +268,7 @@ def _version(distribution: str) -> str:
 
 
 def bench_leaseguard(client: Any, peek: Any) -> list[Row]:
-    from leaseguard import Signal
     from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
-    from leaseguard.signals import encode_signal
 
     provider = DynamoDBLeaseProvider("lg-bench", client)
     provider.create_table()
@@ -296,7 +295,33 @@ def bench_leaseguard(client: Any, peek: Any) -> list[Row]:
         )
     ]
 
-    event = {"body": json.dumps({"threadId": key, "text": "hello " * 20})}
+    small = {"body": json.dumps({"threadId": key, "text": "hello " * 20})}
+    large = {"body": json.dumps({"threadId": key, "text": "hello " * 400})}
+    for event, label, how in (
+        (small, "", "inline in the lease item, by the grant or append itself"),
+        (large, ", event over the inline budget", "in a payload item written first"),
+    ):
+        owned, queued, stored = _signal_path(provider, meter, event)
+        rows.append(
+            Row(
+                f"leaseguard `@lease_owned` path (signal queue{label})",
+                version,
+                owned,
+                queued,
+                f"stores the event ({stored} bytes of JSON here) {how}, so a crash re-delivers "
+                "it, and indexes the key for the sweeper; a contended call queues its event for "
+                "the owner",
+            )
+        )
+    return rows
+
+
+def _signal_path(provider: Any, meter: Meter, event: dict[str, Any]) -> tuple[Tally, Tally, int]:
+    """One ``@lease_owned`` lifecycle of ``event`` on a fresh key, then a forward of it while
+    another event holds the key: the two tallies and the event's stored size."""
+    from leaseguard import Signal
+    from leaseguard.signals import encode_signal
+
     signal_key = f"thread-{uuid.uuid4().hex[:8]}"
     first = Signal(str(uuid.uuid4()), event)
     stored = len(encode_signal(first).encode("utf-8"))
@@ -312,17 +337,7 @@ def bench_leaseguard(client: Any, peek: Any) -> list[Row]:
     with meter.measure() as queued:
         result = provider.acquire_or_enqueue(signal_key, Signal(str(uuid.uuid4()), event), TTL_MS)
         assert not result.acquired and result.position == 1
-    rows.append(
-        Row(
-            "leaseguard `@lease_owned` path (signal queue)",
-            version,
-            owned,
-            queued,
-            f"stores the event ({stored} bytes of JSON here) so a crash re-delivers it, and "
-            "indexes the key for the sweeper; a contended call queues its event for the owner",
-        )
-    )
-    return rows
+    return owned, queued, stored
 
 
 def bench_powertools(client: Any, peek: Any) -> Row:

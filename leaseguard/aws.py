@@ -20,13 +20,18 @@ class _SharedSession:
         self.session: Any = None
         self.defaults: dict[str, Any] = {}
 
-    def client(self, service: str, **options: Any) -> Any:
+    def get(self) -> Any:
         with self.lock:
             if self.session is None:
                 import boto3
 
                 self.session = boto3.session.Session()
-            return self.session.client(service, **options)
+            return self.session
+
+    def client(self, service: str, **options: Any) -> Any:
+        session = self.get()
+        with self.lock:
+            return session.client(service, **options)
 
     def default_client(self, service: str) -> Any:
         made = self.defaults.get(service)
@@ -42,6 +47,11 @@ class _SharedSession:
 
 _SHARED = _SharedSession()
 os.register_at_fork(after_in_child=_SHARED.forget)
+
+
+def session() -> Any:
+    """The process's boto3 session (credentials and region as the environment sets them)."""
+    return _SHARED.get()
 
 
 def client(service: str, **options: Any) -> Any:

@@ -30,7 +30,7 @@ import functools
 import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, cast
 
 from leaseguard.errors import ConfigurationError, InvalidLeaseArgument
@@ -43,7 +43,14 @@ if TYPE_CHECKING:
 Backend = Literal["redis", "dynamodb", "memory", "noop"]
 BACKENDS: tuple[Backend, ...] = ("redis", "dynamodb", "memory", "noop")
 DEFAULT_TTL_MS = 15_000
-DEFAULT_CLOCK_SKEW_MS = 1_000
+
+
+def _default_clock_skew_ms() -> int:
+    # Defined by the DynamoDB provider, its only user, and read here on use: this module is on
+    # every guarded function's import chain and the provider imports nothing from it.
+    from leaseguard.providers.dynamodb.schema import DEFAULT_CLOCK_SKEW_MS
+
+    return DEFAULT_CLOCK_SKEW_MS
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,7 @@ class ProviderConfig:
     table_name: str | None = None
     dynamodb_endpoint: str | None = None
     region_name: str | None = None
-    clock_skew_ms: int = DEFAULT_CLOCK_SKEW_MS
+    clock_skew_ms: int = field(default_factory=_default_clock_skew_ms)
     ttl_ms: int = DEFAULT_TTL_MS
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     max_queue: int = DEFAULT_MAX_QUEUE
@@ -113,10 +120,12 @@ class ProviderConfig:
             table_name=env.get("LEASEGUARD_TABLE_NAME") or None,
             dynamodb_endpoint=env.get("LEASEGUARD_DYNAMODB_ENDPOINT") or None,
             region_name=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
-            clock_skew_ms=_int(env, "LEASEGUARD_CLOCK_SKEW_MS", DEFAULT_CLOCK_SKEW_MS),
-            ttl_ms=_int(env, "LEASEGUARD_TTL_MS", DEFAULT_TTL_MS),
-            max_payload_bytes=_int(env, "LEASEGUARD_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES),
-            max_queue=_int(env, "LEASEGUARD_MAX_QUEUE", DEFAULT_MAX_QUEUE),
+            clock_skew_ms=env_int("LEASEGUARD_CLOCK_SKEW_MS", _default_clock_skew_ms(), env),
+            ttl_ms=env_int("LEASEGUARD_TTL_MS", DEFAULT_TTL_MS, env),
+            max_payload_bytes=env_int(
+                "LEASEGUARD_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES, env
+            ),
+            max_queue=env_int("LEASEGUARD_MAX_QUEUE", DEFAULT_MAX_QUEUE, env),
         )
 
     def build(self) -> BaseLeaseProvider:
@@ -124,9 +133,8 @@ class ProviderConfig:
         if self.backend == "redis":
             from leaseguard.providers.redis import RedisLeaseProvider
 
-            assert self.redis_url is not None
             return RedisLeaseProvider.from_url(
-                self.redis_url,
+                self.redis_url or "",  # never empty: __post_init__ refused that
                 cluster=self.redis_cluster,
                 prefix=self.key_prefix,
                 max_payload_bytes=self.max_payload_bytes,
@@ -135,9 +143,8 @@ class ProviderConfig:
         if self.backend == "dynamodb":
             from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
 
-            assert self.table_name is not None
             return DynamoDBLeaseProvider(
-                self.table_name,
+                self.table_name or "",  # never empty: __post_init__ refused that
                 endpoint_url=self.dynamodb_endpoint,
                 region_name=self.region_name,
                 clock_skew_ms=self.clock_skew_ms,
@@ -171,8 +178,10 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     raise ConfigurationError(f"{name} must be true or false, got {value!r}")
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
+def env_int(name: str, default: int, env: Mapping[str, str] | None = None) -> int:
+    """The integer in environment variable ``name`` (``default`` when unset or blank), or a
+    :class:`ConfigurationError` naming the variable."""
+    raw = (os.environ if env is None else env).get(name)
     if raw is None or not raw.strip():
         return default
     try:

@@ -151,45 +151,100 @@ class LeaseHandle:
 
 
 class LeaseRenewer:
-    """Renews ``handle`` every ``every_ms`` until stopped or the lease is lost."""
+    """Renews the lease it follows every ``every_ms`` until paused, stopped or the lease is lost.
 
-    def __init__(self, handle: LeaseHandle, every_ms: int) -> None:
+    One renewer serves a whole chain of runs: :meth:`follow` points it at each run's lease and
+    :meth:`pause` lets go of it before the hand-off, so an owner draining its queue inline does
+    not start a thread per run (that cost more than the run itself on a busy key). The thread
+    starts on the first :meth:`follow` (or :meth:`start`) and ends with :meth:`stop`, which the
+    guard calls before the invocation returns.
+    """
+
+    def __init__(self, handle: LeaseHandle | None, every_ms: int) -> None:
         self.handle = handle
         self.every_s = every_ms / 1000
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"leaseguard-renew-{handle.key[:32]}", daemon=True
-        )
+        self._cond = threading.Condition()
+        self._due = time.monotonic() + self.every_s
+        self._renewing: LeaseHandle | None = None  # the lease a renewal is in flight for
+        self._stopping = False
+        self._thread: threading.Thread | None = None
 
     def start(self) -> LeaseRenewer:
-        self._thread.start()
+        """Start renewing the handle given to the constructor."""
+        if self.handle is not None:
+            self.follow(self.handle)
         return self
 
-    def _run(self) -> None:
-        handle = self.handle
-        while not self._stop.wait(self.every_s):
-            sent_at = time.monotonic()
-            try:
-                still_owner = handle.provider.renew_lease(
-                    handle.key, handle.owner, handle.ttl_ms, token=handle.token
+    def follow(self, handle: LeaseHandle) -> None:
+        """Renew ``handle`` from now on, the first time ``every_ms`` from now."""
+        with self._cond:
+            self.handle = handle
+            self._due = time.monotonic() + self.every_s
+            self._cond.notify_all()
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"leaseguard-renew-{handle.key[:32]}", daemon=True
                 )
-            except Exception as exc:
-                handle.mark_lost(f"renewal failed: {type(exc).__name__}: {exc}")
-                return
-            if not still_owner:
-                handle.mark_lost("renewal refused: the lease expired or moved to another owner")
-                return
-            handle.renewed(sent_at)
+                self._thread.start()
+
+    def pause(self) -> None:
+        """Stop renewing the followed lease, waiting for a renewal in flight at most one renewal
+        period (and at least 1 s). A renewal still stuck in client retries after that can only
+        be refused: it names this grant's token, which the hand-off or release that follows
+        retires (and the handle is marked lost, so nothing is handed off on its account)."""
+        with self._cond:
+            self.handle = None
+            deadline = time.monotonic() + max(self.every_s, 1.0)
+            while self._renewing is not None and time.monotonic() < deadline:
+                self._cond.wait(deadline - time.monotonic())
+            stuck = self._renewing
+        if stuck is not None:
+            _log.warning("a renewal of %r is still in flight after stop", stuck.key)
+            stuck.mark_lost("a renewal was still in flight when the run ended")
 
     def stop(self) -> None:
-        """Stop and join, waiting at most one renewal period (and at least 1 s). A renewal
-        still stuck in client retries after that can only be refused: it names this grant's
-        token, which the hand-off or release that follows retires (and the handle is marked
-        lost, so nothing is handed off on its account)."""
-        self._stop.set()
-        if not self._thread.is_alive():
-            return
-        self._thread.join(max(self.every_s, 1.0))
-        if self._thread.is_alive():
-            _log.warning("a renewal of %r is still in flight after stop", self.handle.key)
-            self.handle.mark_lost("a renewal was still in flight when the run ended")
+        """:meth:`pause`, then end the thread (joined unless a renewal is stuck in flight)."""
+        self.pause()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread, stuck = self._thread, self._renewing
+        if thread is not None and stuck is None:
+            thread.join(max(self.every_s, 1.0))
+
+    def _next(self) -> LeaseHandle | None:
+        """The lease to renew once its renewal is due; ``None`` when stopping."""
+        with self._cond:
+            while not self._stopping:
+                now = time.monotonic()
+                if self.handle is not None and now >= self._due:
+                    self._renewing = self.handle
+                    return self.handle
+                self._cond.wait(None if self.handle is None else self._due - now)
+            return None
+
+    def _run(self) -> None:
+        while (handle := self._next()) is not None:
+            sent_at = time.monotonic()
+            failure = None
+            try:
+                if not handle.provider.renew_lease(
+                    handle.key, handle.owner, handle.ttl_ms, token=handle.token
+                ):
+                    failure = "renewal refused: the lease expired or moved to another owner"
+            except Exception as exc:
+                failure = f"renewal failed: {type(exc).__name__}: {exc}"
+            # Recorded before the renewal counts as finished: pause() returns once it is, and
+            # the flow then reads `lost` to decide whether to hand off.
+            if failure is None:
+                handle.renewed(sent_at)
+            else:
+                handle.mark_lost(failure)
+            with self._cond:
+                self._renewing = None
+                if self.handle is handle:
+                    if failure is None:
+                        self._due = sent_at + self.every_s
+                    else:
+                        self.handle = None  # a lost lease is not renewed again
+                self._cond.notify_all()

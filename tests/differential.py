@@ -87,7 +87,9 @@ class Side:
     name: str
     provider: BaseLeaseProvider
     advance: Callable[[int], None]  # let this many ms pass
-    resend_hook: Any = None  # an object with a ``twice`` flag (Redis / DynamoDB), else nonces
+    # Redis and DynamoDB resend the request itself (an object with a ``twice`` flag); memory
+    # replays a call with the nonces its first run drew from ``nonce_module``.
+    resend_hook: Any = None
     nonce_module: Any = memory_module
     ttl: int = TTL  # the TTL of every call (the clock sides need not share the wall's)
     jump_ms: int = 0  # expire by moving the clock this far (0: renew for 1 ms, wait 2 ms)
@@ -175,13 +177,12 @@ class ResendingRedis:
 
 
 def redis_side(client: Any, name: str = "redis") -> Side:
-    from leaseguard.providers import redis as redis_module
     from leaseguard.providers.redis import RedisLeaseProvider
 
     provider = RedisLeaseProvider(client, prefix=f"d{uuid.uuid4().hex[:10]}:")
     hook = ResendingRedis(client)
     provider.client = hook  # type: ignore[assignment]
-    return Side(name, provider, lambda ms: time.sleep((ms + 1) / 1000), hook, redis_module)
+    return Side(name, provider, lambda ms: time.sleep((ms + 1) / 1000), hook)
 
 
 class ResendingDynamoDB:
@@ -206,7 +207,6 @@ class ResendingDynamoDB:
 
 def dynamodb_side(table: str, client: Any, name: str = "dynamodb", **options: Any) -> Side:
     """A provider on ``table`` (created here) through ``client``, on a clock of its own."""
-    from leaseguard.providers import dynamodb as dynamodb_module
     from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
 
     clock = Clock(time.time_ns() // 1_000_000)
@@ -218,7 +218,7 @@ def dynamodb_side(table: str, client: Any, name: str = "dynamodb", **options: An
         hook = ResendingDynamoDB(client)
     advance = lambda ms: setattr(clock, "now", clock.now + ms)  # noqa: E731
     # TTL 10 s, expiry by a 10 s jump: 25 jumps stay inside the 300 s dedupe window
-    return Side(name, provider, advance, hook, dynamodb_module, ttl=10_000, jump_ms=10_002)
+    return Side(name, provider, advance, hook, ttl=10_000, jump_ms=10_002)
 
 
 # -- normalising replies and states -------------------------------------------------------------

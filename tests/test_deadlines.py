@@ -29,7 +29,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from moto import mock_aws
 
 from leaseguard import InMemoryLeaseProvider, aws, current_lease, lease_owned
-from leaseguard import guard as guard_module
+from leaseguard import config as config_module
 from leaseguard.batch import (
     current_lambda_context,
     envelope_batch,
@@ -99,7 +99,7 @@ class Work:
 @pytest.fixture
 def env_backend(monkeypatch: pytest.MonkeyPatch, provider: BaseLeaseProvider) -> BaseLeaseProvider:
     """The README example builds its provider from the environment: here, each backend's."""
-    monkeypatch.setattr(guard_module, "provider_from_env", lambda: provider)
+    monkeypatch.setattr(config_module, "provider_from_env", lambda: provider)
     return provider
 
 

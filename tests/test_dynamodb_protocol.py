@@ -32,6 +32,7 @@ from leaseguard.errors import QueueFull
 from leaseguard.protocol.model import DEDUPE_WINDOW_MS
 from leaseguard.providers.base import BaseLeaseProvider
 from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
+from leaseguard.providers.dynamodb.schema import INLINE
 from leaseguard.providers.memory import InMemoryLeaseProvider
 from leaseguard.signals import DeadLetter, KeyState
 
@@ -121,14 +122,20 @@ def sig(sid: str, n: int = 0) -> Signal:
 
 
 def payload_items(provider: DynamoDBLeaseProvider, key: str = KEY) -> dict[str, str]:
-    """Stored payload items of ``key``: ref -> signal id."""
+    """Stored payloads of ``key``: ref -> signal id. A payload item's, and a record stored
+    inline in the lease item (its ref is the record itself, so it is where the ref is)."""
     items = provider.client.query(
         TableName=provider.table_name,
         KeyConditionExpression="pk = :k AND begins_with(sk, :s)",
         ExpressionAttributeValues={":k": {"S": key}, ":s": {"S": "sig#"}},
         ConsistentRead=True,
     )["Items"]
-    return {str(i["sk"]["S"])[4:]: str(i["i"]["S"]) for i in items}
+    stored = {str(i["sk"]["S"])[4:]: str(i["i"]["S"]) for i in items}
+    item = lease_item(provider, key)
+    for ids, refs in (("q", "qn"), ("f", "fn"), ("x", "xn")):
+        pairs = zip(item.get(ids, {"L": []})["L"], item.get(refs, {"L": []})["L"], strict=True)
+        stored.update({r["S"]: i["S"] for i, r in pairs if r["S"].startswith(INLINE)})
+    return stored
 
 
 def lease_item(provider: DynamoDBLeaseProvider, key: str = KEY) -> dict[str, Any]:
@@ -142,7 +149,7 @@ def lease_item(provider: DynamoDBLeaseProvider, key: str = KEY) -> dict[str, Any
 
 
 def assert_nothing_lost(provider: DynamoDBLeaseProvider, *expected: str) -> KeyState:
-    """Every stored (queued or in-flight) signal of KEY has its payload item, each id is
+    """Every stored (queued or in-flight) signal of KEY has its payload (item or inline), each id is
     stored once, and the stored ids are exactly ``expected`` (in-flight first)."""
     item = lease_item(provider)
     ids = [v["S"] for v in item.get("f", {"L": []})["L"] + item.get("q", {"L": []})["L"]]
@@ -494,8 +501,9 @@ def test_completed_ids_are_remembered_in_the_lease_item_and_pruned(
     assert provider.transfer_to_next(KEY, "s79", TTL, token=last.token) is None
     # The completer dropped the forgotten batches from the head of d (one extra write).
     assert len(lease_item(provider)["d"]["L"]) < 160
-    # Only the duplicate's payload item is left: nothing references it; its TTL reaps it.
-    assert list(payload_items(provider).values()) == ["s0"]
+    # Nothing is left: the duplicate's record was inline in its refused grant, which stored
+    # nothing (a payload item of a duplicate would be left to its TTL).
+    assert list(payload_items(provider).values()) == []
 
 
 # -- bug 4: the sweeper's adoption resent after a forwarder wrote ---------------------------------
@@ -638,29 +646,29 @@ def test_request_counts_of_the_uncontended_path_did_not_grow(make: Make) -> None
     )
     first = provider.acquire_or_enqueue(KEY, sig("s1"), TTL)
     assert provider.transfer_to_next(KEY, "s1", TTL, token=first.token) is None
-    assert sent == ["PutItem", "UpdateItem", "UpdateItem", "BatchWriteItem"]
+    assert sent == ["UpdateItem", "UpdateItem"]  # the grant with its record inline, the release
 
 
 def test_the_done_view_applies_the_window_and_the_limits() -> None:
     """[G2] what ``d`` remembers: the latest entry per id, newer than the window, at most
     DONE_LIMIT ids and DONE_BYTES bytes of ids; a failed owner (nested) is not deduplicated."""
     from leaseguard.protocol.model import DONE_LIMIT
-    from leaseguard.providers.dynamodb import DONE_BYTES, _done_view, _marker
+    from leaseguard.providers.dynamodb.done import DONE_BYTES, done_view, marker
 
     now = 10**12
 
     def mark(token: int, ok: bool = True, at: int = now) -> dict[str, Any]:
-        return {"N": str(_marker(at, token, ok))}
+        return {"N": str(marker(at, token, ok))}
 
     old: list[dict[str, Any]] = [{"S": "a"}, mark(7, at=now - DEDUPE_WINDOW_MS)]
     new: list[dict[str, Any]] = [{"S": "b"}, {"L": [{"S": "o"}]}, mark(8, ok=False)]
-    view = _done_view(old + new, now)
+    view = done_view(old + new, now)
     assert list(view) == ["b", "o"] and not view["o"].ok and view["o"].token == 8
     many: list[dict[str, Any]] = [{"S": f"s{i}"} for i in range(DONE_LIMIT + 5)]
-    kept = _done_view([*many, mark(9)], now)
+    kept = done_view([*many, mark(9)], now)
     assert len(kept) == DONE_LIMIT and "s4" not in kept and "s5" in kept
     long: list[dict[str, Any]] = [{"S": f"{i:04d}" + "x" * 1000} for i in range(100)]
-    assert len(_done_view([*long, mark(1)], now)) == DONE_BYTES // 1005
+    assert len(done_view([*long, mark(1)], now)) == DONE_BYTES // 1005
 
 
 # -- backpressure, halting, envelope retries, redrive (rows Q8 Q9 N1 D4 C4 V1 V2, G5) --------------
@@ -1102,13 +1110,13 @@ def test_a_retried_own_event_on_a_free_key_costs_one_more_write(make: Make) -> N
     )
     again = provider.acquire_or_enqueue(KEY, sig("o"), TTL)
     assert (again.acquired, again.owner, again.attempts) == (True, "o", 1)
-    assert sent == ["PutItem", "UpdateItem", "UpdateItem"]
+    assert sent == ["UpdateItem", "UpdateItem"]
     assert provider.take_signals(KEY, "o", 1, token=again.token) == []
     sent.clear()
     assert provider.transfer_to_next(KEY, "o", TTL, token=again.token) is None  # succeeded
     fresh = provider.acquire_or_enqueue(KEY, sig("s1", 1), TTL)
     assert (fresh.acquired, fresh.attempts) == (True, 0)
-    assert sent == ["UpdateItem", "BatchWriteItem", "PutItem", "UpdateItem"]
+    assert sent == ["UpdateItem", "UpdateItem"]
     assert provider.acquire_or_enqueue(KEY, sig("o"), TTL).acquired is False  # [Q5] done
 
 

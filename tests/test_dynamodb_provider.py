@@ -22,7 +22,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 
 from leaseguard import LeaseBackendError, Signal
 from leaseguard.errors import InvalidLeaseArgument, QueueFull
-from leaseguard.providers.dynamodb import ITEM_RECORD_BYTES, DynamoDBLeaseProvider
+from leaseguard.providers.dynamodb import INLINE, ITEM_RECORD_BYTES, DynamoDBLeaseProvider
 from leaseguard.testing import DynamoDBServer, free_port
 
 TTL = 10_000
@@ -445,10 +445,15 @@ def test_a_completed_key_leaves_the_index(make: Make) -> None:
 # -- payload items --------------------------------------------------------------------------------
 
 
+def bulky(n: int) -> dict[str, Any]:
+    """A payload too large to be stored inline in the lease item: it gets a payload item."""
+    return {"n": n, "pad": "x" * 1024}
+
+
 def test_completed_payloads_are_deleted(make: Make) -> None:
     provider = make()
-    provider.acquire_or_enqueue("k", Signal("s0", {"n": 0}), TTL)
-    provider.acquire_or_enqueue("k", Signal("s1", {"n": 1}), TTL)
+    provider.acquire_or_enqueue("k", Signal("s0", bulky(0)), TTL)
+    provider.acquire_or_enqueue("k", Signal("s1", bulky(1)), TTL)
     ref0 = payload_ref(provider, "k", "s0")
     nxt = provider.transfer_to_next("k", "s0", TTL)
     assert nxt is not None and nxt.id == "s1"
@@ -459,11 +464,41 @@ def test_completed_payloads_are_deleted(make: Make) -> None:
     assert raw_item(provider, "k", "sig#" + ref1) == {}
 
 
+def test_small_records_are_inline_and_leave_with_their_completion(make: Make) -> None:
+    """A small record is stored in the lease item, as its ref, by the write that lists it; no
+    payload item is written, and the completing write removes it with its ref."""
+    provider = make()
+    provider.acquire_or_enqueue("k", Signal("s0", {"n": 0}), TTL)
+    provider.acquire_or_enqueue("k", Signal("s1", {"n": 1}), TTL)
+    assert payload_ref(provider, "k", "s1").startswith(INLINE)
+    assert payload_sks(provider, "k") == {}
+    assert [s.payload for s in provider.inspect_key("k").queued] == [{"n": 1}]
+    nxt = provider.transfer_to_next("k", "s0", TTL)
+    assert nxt is not None and (nxt.id, nxt.payload) == ("s1", {"n": 1})
+    assert provider.transfer_to_next("k", "s1", TTL) is None
+    item = raw_item(provider, "k")
+    assert not {"q", "qn", "f", "fn"} & set(item) and payload_sks(provider, "k") == {}
+
+
+def test_a_resent_inline_append_stores_its_record_once(make: Make) -> None:
+    """botocore resends an append whose reply was lost: the resend is refused on its own id,
+    and the refusal shows it queued ([Q3]); the record is in the lease item once."""
+    provider = make()
+    provider.acquire_or_enqueue("k", Signal("o", {"n": 0}), TTL)
+    lost = LoseReply(provider, "UpdateItem", skip=1)  # the refused grant, then the append
+    result = provider.acquire_or_enqueue("k", Signal("s1", {"n": 1}), TTL)
+    assert lost.lost == 1 and (result.acquired, result.owner, result.position) == (False, "o", 1)
+    item = raw_item(provider, "k")
+    assert [v["S"] for v in item["q"]["L"]] == ["s1"]
+    assert [v["S"][:1] for v in item["qn"]["L"]] == [INLINE]
+    assert payload_sks(provider, "k") == {}
+
+
 def test_payloads_removed_by_ttl_are_skipped(make: Make) -> None:
     provider = make()
     provider.acquire_lease("k", "owner", TTL)
     for n in range(4):
-        provider.acquire_or_enqueue("k", Signal(f"s{n}", {"n": n}), TTL)
+        provider.acquire_or_enqueue("k", Signal(f"s{n}", bulky(n)), TTL)
     expire_payload(provider, "k", "s0")
     expire_payload(provider, "k", "s2")
     assert [s.id for s in provider.inspect_key("k").queued] == ["s1", "s3"]
@@ -573,7 +608,7 @@ def test_pieces_are_cut_between_characters(make: Make) -> None:
 
 def test_completion_deletes_every_piece(make: Make) -> None:
     provider = make()
-    provider.acquire_or_enqueue("k", Signal("owner", {}), TTL)
+    provider.acquire_or_enqueue("k", Signal("owner", bulky(0)), TTL)
     provider.acquire_or_enqueue("k", big("large", 3 * MiB), TTL)
     provider.acquire_or_enqueue("k", big("after", 1 * MiB), TTL)
     assert len(payload_sks(provider, "k")) == 1 + 8 + 3

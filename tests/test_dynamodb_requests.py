@@ -99,34 +99,33 @@ def test_documented_costs_of_the_other_steps(make: Callable[..., Counted]) -> No
     # The current owner acquiring again keeps its token: the refused grant, then a refresh.
     assert p.requests(lambda q: q.acquire_lease("k", "a", TTL)) == ["UpdateItem", "UpdateItem"]
     assert p.requests(lambda q: q.get_lease_owner("k")) == ["GetItem"]
-    # A signal on a free key: its payload item, then the grant.
+    # A signal on a free key: the grant, with the record inline.
     fresh = p.requests(lambda q: q.acquire_or_enqueue("free", Signal("s1", {"n": 1}), TTL))
-    assert fresh == ["PutItem", "UpdateItem"]
-    # A signal on a held key: payload, the refused grant (which names the holder), the append.
+    assert fresh == ["UpdateItem"]
+    # A signal on a held key: the refused grant (which names the holder), the append.
     held = p.requests(lambda q: q.acquire_or_enqueue("k", Signal("s2", {"n": 2}), TTL))
-    assert held == ["PutItem", "UpdateItem", "UpdateItem"]
-    # Completion with nothing queued: a release conditional on the empty queue, then the
-    # finished signal's payload is deleted.
+    assert held == ["UpdateItem", "UpdateItem"]
+    # Completion with nothing queued: a release conditional on the empty queue, which
+    # removes the finished signal's inline record with its ref.
     done = p.requests(lambda q: q.transfer_to_next("free", "s1", TTL))
-    assert done == ["UpdateItem", "BatchWriteItem"]
-    # A hand-off: the refused release is the snapshot, then the head's payload, the grant and
-    # the deletion of the finished signal's payload.
+    assert done == ["UpdateItem"]
+    # A hand-off: the refused release is the snapshot (the head's record inline in it), then
+    # the grant.
     p.provider.acquire_or_enqueue("h", Signal("s3", {"n": 3}), TTL)
     p.provider.acquire_or_enqueue("h", Signal("s4", {"n": 4}), TTL)
     handed = p.requests(lambda q: q.transfer_to_next("h", "s3", TTL))
-    assert handed == ["UpdateItem", "BatchGetItem", "UpdateItem", "BatchWriteItem"]
+    assert handed == ["UpdateItem", "UpdateItem"]
     # A duplicate (here: an id completed a moment ago, remembered for the dedupe window): the
-    # payload item, the refused grant that shows it. The unreferenced payload is left to its
-    # TTL: the enqueuer never deletes (a write of its own may still be applied later).
+    # refused grant that shows it, which stored nothing.
     dup = p.requests(lambda q: q.acquire_or_enqueue("free", Signal("s1", {"n": 1}), TTL))
-    assert dup == ["PutItem", "UpdateItem"]
+    assert dup == ["UpdateItem"]
     # A failure report reads the item first (no blind fast path), then one conditional write
     # completes, retries the owner at the head and hands the key to it.
     held = p.provider.acquire_or_enqueue("f", Signal("s5", {"n": 5}), TTL)
     failed = p.requests(
         lambda q: q.transfer_to_next("f", "s5", TTL, token=held.token, error="boom")
     )
-    assert failed == ["GetItem", "BatchGetItem", "UpdateItem"]
+    assert failed == ["GetItem", "UpdateItem"]
 
 
 MiB = 1024 * 1024
@@ -160,9 +159,10 @@ def test_costs_of_payloads_larger_than_one_item(make: Callable[..., Counted]) ->
         "UpdateItem",
     ]
     assert p.provider.inspect_key("w").token is not None
-    # the hand-off to the 6 MiB head: as for a small one (its 16 items in the one BatchGetItem)
+    # the hand-off to the 6 MiB head: its 16 items in one BatchGetItem (the finished owner's
+    # record was inline: nothing to delete)
     handed = p.requests(lambda q: q.transfer_to_next("h", "o", TTL))
-    assert handed == ["UpdateItem", "BatchGetItem", "UpdateItem", "BatchWriteItem"]
+    assert handed == ["UpdateItem", "BatchGetItem", "UpdateItem"]
     # the next hand-off deletes the 6 MiB payload's 16 items in one BatchWriteItem
     handed = p.requests(lambda q: q.transfer_to_next("h", "s2", TTL))
     assert handed == ["UpdateItem", "BatchGetItem", "UpdateItem", "BatchWriteItem"]
@@ -195,22 +195,22 @@ def test_costs_of_backpressure_halting_claims_and_redrive(make: Callable[..., Co
     p = make(clock=clock, clock_skew_ms=0, orphan_shards=2)
     held = p.provider.acquire_or_enqueue("k", Signal("o", {"n": 0}), TTL)
     p.provider.acquire_or_enqueue("k", Signal("s1", {"n": 1}), TTL)
-    # [Q8] refused: the payload item, the refused grant that shows the full queue, and the
-    # payload item's deletion (a refused forward leaves nothing behind)
+    # [Q8] refused: the refused grant that shows the full queue (its inline record stored
+    # nothing; a payload item would be written first and deleted after)
     full = p.requests(lambda q: _refused(q, "k", Signal("s2", {"n": 2}), max_queue=1))
-    assert full == ["PutItem", "UpdateItem", "BatchWriteItem"]
+    assert full == ["UpdateItem"]
     # a failure report that dead-letters under on_poison="halt": the read, the dead letter's
-    # error on its payload item, then completion and release in one write (no payload reads:
-    # nothing is granted)
+    # payload item (its inline record, error, attempts and time), then completion and release
+    # in one write (no payload reads: nothing is granted)
     halted = p.requests(
         lambda q: q.transfer_to_next(
             "k", "o", TTL, token=held.token, error="x", max_attempts=1, on_poison="halt"
         )
     )
-    assert halted == ["GetItem", "UpdateItem", "UpdateItem"]
-    # [Q9] a forward into the halted key: payload, the refused grant, the append
+    assert halted == ["GetItem", "PutItem", "UpdateItem"]
+    # [Q9] a forward into the halted key: the refused grant, the append
     queued = p.requests(lambda q: q.acquire_or_enqueue("k", Signal("s3", {"n": 3}), TTL))
-    assert queued == ["PutItem", "UpdateItem", "UpdateItem"]
+    assert queued == ["UpdateItem", "UpdateItem"]
     # the dead-letter index: one Query per shard; redrive: the read, the dead letter's payload
     # item given a fresh retention_s (one UpdateItem per item), and one write
     assert p.requests(lambda q: q.dead_letter_keys()) == ["Query", "Query"]
@@ -251,12 +251,12 @@ def test_costs_of_a_retried_own_event_that_failed(make: Callable[..., Counted]) 
             "k", "o", TTL, token=first.token, error="x", requeue_owner=False
         )
     )
-    # the read, the completion and release in one write, the payload's deletion
-    assert failed == ["GetItem", "UpdateItem", "BatchWriteItem"]
+    # the read, the completion and release in one write (the record was inline)
+    assert failed == ["GetItem", "UpdateItem"]
     results: list[Any] = []
-    # free key: payload, the blind grant refused on the resume tag, the grant from its snapshot
+    # free key: the blind grant refused on the resume tag, the grant from its snapshot
     retry = p.requests(lambda q: results.append(q.acquire_or_enqueue("k", Signal("o", {}), TTL)))
-    assert retry == ["PutItem", "UpdateItem", "UpdateItem"]
+    assert retry == ["UpdateItem", "UpdateItem"]
     assert (results[0].acquired, results[0].attempts) == (True, 1)
     p.provider.transfer_to_next(
         "k", "o", TTL, token=results[0].token, error="x", requeue_owner=False
@@ -264,6 +264,155 @@ def test_costs_of_a_retried_own_event_that_failed(make: Callable[..., Counted]) 
     p.provider.acquire_or_enqueue("k", Signal("h", {"n": 1}), TTL)
     # held key: as any forward (the refused grant is the snapshot of the append)
     queued = p.requests(lambda q: results.append(q.acquire_or_enqueue("k", Signal("o", {}), TTL)))
-    assert queued == ["PutItem", "UpdateItem", "UpdateItem"]
+    assert queued == ["UpdateItem", "UpdateItem"]
     assert (results[1].acquired, results[1].position) == (False, 1)
     assert [(s.id, s.attempts) for s in p.provider.inspect_key("k").queued] == [("o", 2)]
+
+
+# -- inline records: the guarded invocation in two requests ---------------------------------------
+
+
+def _event(sid: str, size: int = 200) -> Signal:
+    """A small event, as an API or queue trigger forwards it: ``size`` bytes of JSON."""
+    return Signal(sid, {"body": "x" * (size - 11)})
+
+
+def _lease_bytes(p: Counted, key: str) -> int:
+    from leaseguard.providers.dynamodb.schema import item_bytes
+
+    item = p.provider.client.get_item(
+        TableName=p.provider.table_name,
+        Key={"pk": {"S": key}, "sk": {"S": "lease"}},
+        ConsistentRead=True,
+    )["Item"]
+    return item_bytes(item)
+
+
+def _payload_items(p: Counted, key: str) -> list[str]:
+    return [
+        item["sk"]["S"]
+        for item in p.provider.client.query(
+            TableName=p.provider.table_name,
+            KeyConditionExpression="pk = :k AND begins_with(sk, :s)",
+            ExpressionAttributeValues={":k": {"S": key}, ":s": {"S": "sig#"}},
+            ConsistentRead=True,
+        )["Items"]
+    ]
+
+
+def test_an_uncontended_guarded_invocation_is_two_requests(make: Callable[..., Counted]) -> None:
+    """The grant stores the event inline; the completing release removes it with its ref.
+    Renewals stay one request and one write unit (the lease item stays within 1 KB)."""
+    from leaseguard.providers.dynamodb.schema import INLINE_ITEM_BYTES
+
+    p = make()
+    key, owner = f"thread-{uuid.uuid4().hex[:8]}", str(uuid.uuid4())
+    results: list[Any] = []
+    assert p.requests(lambda q: results.append(q.acquire_or_enqueue(key, _event(owner), TTL))) == [
+        "UpdateItem"
+    ]
+    assert results[0].acquired and _payload_items(p, key) == []
+    assert _lease_bytes(p, key) <= INLINE_ITEM_BYTES
+    for _ in range(3):
+        assert p.requests(lambda q: q.renew_lease(key, owner, TTL, token=results[0].token)) == ONE
+    done = p.requests(lambda q: q.transfer_to_next(key, owner, TTL, token=results[0].token))
+    assert done == ONE
+    assert p.provider.inspect_key(key).in_flight == () and _payload_items(p, key) == []
+
+
+def test_a_forwarded_invocation_is_two_requests(make: Callable[..., Counted]) -> None:
+    """A forward is the refused grant and the append with the event inline; the owner's hand-off
+    to it is the refused release (the forwarded event in its snapshot) and the grant."""
+    p = make()
+    key, owner, forwarded = "thread", str(uuid.uuid4()), str(uuid.uuid4())
+    held = p.provider.acquire_or_enqueue(key, _event(owner), TTL)
+    results: list[Any] = []
+    sent = p.requests(lambda q: results.append(q.acquire_or_enqueue(key, _event(forwarded), TTL)))
+    assert sent == ["UpdateItem", "UpdateItem"]
+    assert (results[0].acquired, results[0].owner, results[0].position) == (False, owner, 1)
+    nxt: list[Any] = []
+    handed = p.requests(lambda q: nxt.append(q.transfer_to_next(key, owner, TTL, token=held.token)))
+    assert handed == ["UpdateItem", "UpdateItem"]
+    assert nxt[0] == Signal(
+        forwarded, _event(forwarded).payload, nxt[0].enqueued_at_ms, token=(held.token or 0) + 1
+    )
+    assert p.requests(lambda q: q.transfer_to_next(key, forwarded, TTL, token=nxt[0].token)) == ONE
+    assert _payload_items(p, key) == []
+
+
+def test_a_large_event_falls_back_to_a_payload_item(make: Callable[..., Counted]) -> None:
+    """An event too large for the lease item's budget is stored as today: its payload item
+    first (PutItem), deleted by its completion (BatchWriteItem)."""
+    p = make()
+    results: list[Any] = []
+    fresh = p.requests(lambda q: results.append(q.acquire_or_enqueue("k", _event("a", 2048), TTL)))
+    assert fresh == ["PutItem", "UpdateItem"]
+    assert len(_payload_items(p, "k")) == 1
+    # forwarded: its payload item, the refused grant, the append
+    held = p.requests(lambda q: q.acquire_or_enqueue("k", _event("b", 2048), TTL))
+    assert held == ["PutItem", "UpdateItem", "UpdateItem"]
+    # the hand-off reads the head's payload item and deletes the finished one's
+    handed = p.requests(lambda q: q.transfer_to_next("k", "a", TTL, token=results[0].token))
+    assert handed == ["UpdateItem", "BatchGetItem", "UpdateItem", "BatchWriteItem"]
+    assert p.requests(lambda q: q.transfer_to_next("k", "b", TTL)) == [
+        "UpdateItem",
+        "BatchWriteItem",
+    ]
+    assert _payload_items(p, "k") == []
+
+
+def test_a_queue_that_outgrows_the_inline_budget_falls_back(make: Callable[..., Counted]) -> None:
+    """Appends go inline while the lease item (as the refused grant shows it) stays within its
+    budget; later ones get a payload item, written after the refusal showed the item's size."""
+    from leaseguard.providers.dynamodb.schema import INLINE_ITEM_BYTES
+
+    p = make()
+    held = p.provider.acquire_or_enqueue("k", _event("o"), TTL)
+
+    def forward(sid: str) -> list[str]:
+        return p.requests(lambda q: q.acquire_or_enqueue("k", _event(sid), TTL))
+
+    costs = [forward(f"s{n}") for n in range(6)]
+    inline = costs.index(["UpdateItem", "PutItem", "UpdateItem"])
+    assert inline >= 2
+    assert costs[:inline] == [["UpdateItem", "UpdateItem"]] * inline
+    assert costs[inline:] == [["UpdateItem", "PutItem", "UpdateItem"]] * (6 - inline)
+    assert _lease_bytes(p, "k") <= INLINE_ITEM_BYTES + 6 * 64  # grows by refs, not records
+    assert len(_payload_items(p, "k")) == 6 - inline
+    # every signal runs in order, with its payload, whichever way it was stored
+    owner, token, ran = "o", held.token, []
+    while True:
+        nxt = p.provider.transfer_to_next("k", owner, TTL, token=token)
+        if nxt is None:
+            break
+        assert nxt.payload == _event(nxt.id).payload
+        owner, token = nxt.id, nxt.token
+        ran.append(owner)
+    assert ran == [f"s{n}" for n in range(6)]
+    assert _payload_items(p, "k") == []
+
+
+def test_dead_lettering_an_inline_record_moves_it_to_a_payload_item(
+    make: Callable[..., Counted],
+) -> None:
+    """The dead letter keeps its payload, error, attempts and time (on a payload item of its
+    own, written before the completion lists it); a redrive runs it from there."""
+    clock = _Clock()
+    p = make(clock=clock)
+    held = p.provider.acquire_or_enqueue("k", _event("o"), TTL)
+    failed = p.requests(
+        lambda q: q.transfer_to_next("k", "o", TTL, token=held.token, error="boom", max_attempts=1)
+    )
+    assert failed == ["GetItem", "PutItem", "UpdateItem"]
+    (dead,) = p.provider.inspect_key("k").dead_letters
+    assert (dead.id, dead.payload, dead.attempts, dead.error) == (
+        "o",
+        _event("o").payload,
+        1,
+        "boom",
+    )
+    assert dead.failed_at_ms == clock.now and len(_payload_items(p, "k")) == 1
+    assert p.provider.redrive("k") == 1
+    again = p.provider.acquire_or_enqueue("k", _event("s1"), TTL)
+    assert again.acquired and again.owner == "o" and again.adopted is not None
+    assert again.adopted.payload == _event("o").payload

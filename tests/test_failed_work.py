@@ -313,7 +313,7 @@ def test_dead_letters_are_copied_to_the_dead_letter_queue(monkeypatch: Any) -> N
 def test_max_attempts_comes_from_the_environment(monkeypatch: Any) -> None:
     monkeypatch.setenv("LEASEGUARD_MAX_ATTEMPTS", "5")
     guarded = lease_owned("k", provider=InMemoryLeaseProvider())(lambda e, c: None)
-    assert guarded.__leaseguard__.max_attempts == 5  # type: ignore[attr-defined]
+    assert guarded.__leaseguard__.options.max_attempts == 5  # type: ignore[attr-defined]
     monkeypatch.setenv("LEASEGUARD_MAX_ATTEMPTS", "five")
     with pytest.raises(ConfigurationError, match="LEASEGUARD_MAX_ATTEMPTS"):
         lease_owned("k", provider=InMemoryLeaseProvider())(lambda e, c: None)

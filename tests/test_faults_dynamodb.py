@@ -98,7 +98,7 @@ def test_throttling_and_5xx_are_retried_then_raise_backend_error(
     inject = Inject(provider, code, status)
     with pytest.raises(LeaseBackendError) as info:
         provider.acquire_or_enqueue("k", Signal("s1", {"n": 1}), TTL)
-    assert inject.attempts == Counter(PutItem=2)  # retried, then given up: nothing else sent
+    assert inject.attempts == Counter(UpdateItem=2)  # retried, then given up: nothing else sent
     assert isinstance(info.value.__cause__, ClientError)
     assert info.value.__cause__.response["Error"]["Code"] == code
     assert table_items(observer) == before

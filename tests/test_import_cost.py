@@ -64,21 +64,33 @@ FORBIDDEN = frozenset(
 GUARD_CHAIN = frozenset(
     {
         "leaseguard",
+        "leaseguard.aws",
         "leaseguard.batch",
         "leaseguard.config",
-        "leaseguard.contract",
         "leaseguard.errors",
         "leaseguard.events",
         "leaseguard.guard",
+        "leaseguard.guard.call",
+        "leaseguard.guard.decorator",
+        "leaseguard.guard.drivers",
+        "leaseguard.guard.failures",
+        "leaseguard.guard.flow",
+        "leaseguard.guard.handler",
+        "leaseguard.guard.options",
+        "leaseguard.guard.policy",
+        "leaseguard.guard.responses",
         "leaseguard.handoff",
+        "leaseguard.lazy",
         "leaseguard.observability",
         "leaseguard.protocol",
         "leaseguard.protocol.model",
+        "leaseguard.protocol.state",
         "leaseguard.providers",
         "leaseguard.providers.base",
         "leaseguard.renewal",
         "leaseguard.signals",
         "leaseguard.stacking",
+        "leaseguard.types",
         "leaseguard.validation",
     }
 )
@@ -151,7 +163,7 @@ def bare() -> set[str]:
 
 
 def test_import_leaseguard_loads_the_package_alone(bare: set[str]) -> None:
-    assert loaded_by("import leaseguard") - bare == {"leaseguard"}
+    assert loaded_by("import leaseguard") - bare == {"leaseguard", "leaseguard.lazy"}
 
 
 def test_the_guard_chain_is_pinned(bare: set[str]) -> None:

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-from leaseguard import InMemoryLeaseProvider, LeaseHandle, Signal, lease_owned
+from leaseguard import InMemoryLeaseProvider, LeaseHandle, Signal, current_lease, lease_owned
 from leaseguard.contract import LeaseResult
 from leaseguard.renewal import LeaseRenewer
 from leaseguard.testing import LambdaContext
@@ -112,3 +112,55 @@ def test_the_async_driver_keeps_the_flow_order_with_forwarded_signals() -> None:
     time.sleep(0.01)  # the holder died: the next event adopts its work, in order
     assert asyncio.run(handler({"k": "f", "n": 3}, LambdaContext())) == 3
     assert order == [0, 1, 2, 3]
+
+
+class _CountingRenewals(InMemoryLeaseProvider):
+    """Counts renewals per (owner, token): which grant the renewer was renewing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewals: dict[tuple[str, int | None], int] = {}
+
+    def renew_lease(self, key: str, owner: str, ttl_ms: int, *, token: int | None = None) -> bool:
+        self.renewals[(owner, token)] = self.renewals.get((owner, token), 0) + 1
+        return super().renew_lease(key, owner, ttl_ms, token=token)
+
+
+def test_one_renewer_thread_follows_every_run_of_an_inline_chain(monkeypatch: Any) -> None:
+    # A thread per run cost more than the run on a busy key (bench/hot_key.py); each run of the
+    # chain must still be renewed under its own grant, and nothing after the chain ends.
+    from leaseguard import renewal
+
+    started: list[str] = []
+
+    class CountingThread(threading.Thread):
+        def start(self) -> None:
+            started.append(self.name)
+            super().start()
+
+    monkeypatch.setattr(renewal.threading, "Thread", CountingThread)
+    provider = _CountingRenewals()
+    provider.acquire_lease("k", "holder", 10_000)
+    for n in range(3):
+        provider.acquire_or_enqueue("k", Signal(f"s{n}", {"n": n}), 10_000)
+    provider.release_lease("k", "holder")
+    ran: list[tuple[str, int | None]] = []
+
+    @lease_owned(lambda e: "k", provider=provider, ttl_ms=300, renew_every_ms=50)
+    def handler(event: dict[str, Any], context: Any) -> str:
+        lease = current_lease()
+        time.sleep(0.4)  # longer than the TTL: only renewals keep each run's lease
+        lease.check()
+        ran.append((lease.owner, lease.token))
+        return "ok"
+
+    before = set(provider.renewals)
+    assert handler({"n": "own"}, LambdaContext()) == "ok"  # the own event ran last, inline
+    assert [owner for owner, _ in ran][:3] == ["s0", "s1", "s2"]  # the adopted chain first
+    assert len({token for _, token in ran}) == 4  # each run under a grant of its own
+    assert started == ["leaseguard-renew-k"]
+    assert all(provider.renewals.get(grant, 0) >= 3 for grant in ran), provider.renewals
+    after = dict(provider.renewals)
+    time.sleep(0.2)
+    assert provider.renewals == after and set(after) - before == set(ran)
+    assert provider.inspect_key("k").owner is None

@@ -6,6 +6,7 @@ application promises (``make sam-validate`` lints the template, ``make sam-build
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 import tomllib
@@ -66,12 +67,18 @@ def _functions(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 # -- the requests the functions' code makes, read from the source -------------------------------
 
-PROVIDER = ROOT / "leaseguard" / "providers" / "dynamodb.py"
+PROVIDER = ROOT / "leaseguard" / "providers" / "dynamodb"
+BASE = ROOT / "leaseguard" / "providers" / "base.py"
+GUARD = ROOT / "leaseguard" / "guard"
 # The DynamoDB calls only create_table() makes: deployed stacks create the table themselves.
 SETUP_ONLY = {"create_table", "describe_table", "describe_time_to_live", "update_time_to_live"}
 
 
 def _tree(path: Path) -> ast.Module:
+    if path.is_dir():
+        return ast.Module(
+            body=[n for f in sorted(path.glob("*.py")) for n in _tree(f).body], type_ignores=[]
+        )
     return ast.parse(path.read_text(encoding="utf-8"))
 
 
@@ -96,46 +103,68 @@ def _attributes_of(node: ast.AST, owner: str) -> set[str]:
     return found
 
 
-def _client_calls(entry_points: set[str]) -> set[str]:
-    """The ``self.client`` operations of DynamoDBLeaseProvider reachable from the given public
-    methods of the provider, following ``self.method`` references through the class and its
-    base."""
-    methods = {
-        **_methods(ROOT / "leaseguard" / "providers" / "base.py", "BaseLeaseProvider"),
-        **_methods(PROVIDER, "DynamoDBLeaseProvider"),
+def _names_in(node: ast.AST) -> set[str]:
+    """Every name and attribute ``node`` mentions: the functions it may call. A name that is
+    only read an attribute off (``adopt.claim``: a module) is not a call of that name."""
+    qualifiers = {id(n.value) for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and id(n) not in qualifiers} | {
+        n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
     }
-    seen: set[str] = set()
-    todo = list(entry_points)
-    calls: set[str] = set()
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in methods:
-            continue
-        seen.add(name)
-        calls |= _attributes_of(methods[name], "self.client")
-        todo.extend(_attributes_of(methods[name], "self"))
-    return calls
 
 
-def _client_calls_paths(entry_points: set[str], methods: dict[str, ast.AST]) -> set[str]:
-    """The provider methods reachable from these public methods (through ``self.name``)."""
-    base = _methods(ROOT / "leaseguard" / "providers" / "base.py", "BaseLeaseProvider")
-    every = {**base, **methods}
+def _provider_functions() -> dict[str, list[ast.FunctionDef]]:
+    """Every function and method of the base class and the DynamoDB package, by name."""
+    functions: dict[str, list[ast.FunctionDef]] = {}
+    for tree in (_tree(BASE), _tree(PROVIDER)):
+        for n in ast.walk(tree):
+            if isinstance(n, ast.FunctionDef):
+                functions.setdefault(n.name, []).append(n)
+    return functions
+
+
+@functools.cache
+def _dynamodb_operations() -> frozenset[str]:
+    """The method names of a boto3 DynamoDB client (no request is made)."""
+    import boto3
+
+    client = boto3.session.Session().client("dynamodb", region_name="us-east-1")
+    return frozenset(client.meta.method_to_api_mapping) | {"get_waiter"}
+
+
+def _client_ops(node: ast.AST) -> set[str]:
+    """The DynamoDB client operations ``node`` makes (``self.client.x``, ``client.x``)."""
+    named = _attributes_of(node, "self.client") | _attributes_of(node, "client")
+    return named & _dynamodb_operations()
+
+
+def _reachable(entry_points: set[str]) -> set[str]:
+    """The names of the provider's functions reachable from these public provider methods.
+    A reference by name counts as a call: an over-approximation, so a grant can only be too
+    wide here, never missing."""
+    functions = _provider_functions()
     seen: set[str] = set()
     todo = list(entry_points)
     while todo:
         name = todo.pop()
-        if name in seen or name not in every:
+        if name in seen or name not in functions:
             continue
         seen.add(name)
-        todo.extend(_attributes_of(every[name], "self"))
+        for fn in functions[name]:
+            todo.extend(_names_in(fn))
     return seen
+
+
+def _client_calls(entry_points: set[str]) -> set[str]:
+    """The DynamoDB operations reachable from the given public provider methods."""
+    functions = _provider_functions()
+    return {
+        op for name in _reachable(entry_points) for fn in functions[name] for op in _client_ops(fn)
+    }
 
 
 def _provider_methods_used(*nodes: ast.AST) -> set[str]:
     """The public provider methods (BaseLeaseProvider's) that these modules or functions use."""
-    base = ROOT / "leaseguard" / "providers" / "base.py"
-    public = {m for m in _methods(base, "BaseLeaseProvider") if not m.startswith("_")}
+    public = {m for m in _methods(BASE, "BaseLeaseProvider") if not m.startswith("_")}
     return {
         n.attr
         for node in nodes
@@ -153,27 +182,28 @@ def _expected_grants() -> dict[str, set[tuple[str, str]]]:
     client calls reachable from what the guard (worker) and ``dispatch_orphans`` (sweeper)
     call, the worker's own table calls, and the dispatchers' Lambda and SQS calls."""
     leaseguard = ROOT / "leaseguard"
-    every_call = _attributes_of(_tree(PROVIDER), "self.client") - {"get_waiter"}
-    assert (
-        _attributes_of(_methods(PROVIDER, "DynamoDBLeaseProvider")["create_table"], "self.client")
-        >= SETUP_ONLY
-    )
+    functions = _provider_functions()
+    every_call = _client_ops(_tree(PROVIDER)) - {"get_waiter"}
+    assert _client_ops(_function(PROVIDER / "admin.py", "create_table")) >= SETUP_ONLY
     config = _tree(leaseguard / "config.py")
-    worker_uses = _provider_methods_used(
-        _tree(leaseguard / "guard.py"), _tree(leaseguard / "renewal.py"), config
-    )
+    worker_uses = _provider_methods_used(_tree(GUARD), _tree(leaseguard / "renewal.py"), config)
     sweeper_uses = _provider_methods_used(
         _function(leaseguard / "handoff.py", "dispatch_orphans"), config
     )
     assert "create_table" not in worker_uses | sweeper_uses
-    # Query goes through one method that takes the index; the functions' paths reach it only
+    assert worker_uses >= {"acquire_or_enqueue", "transfer_to_next", "renew_lease"}, worker_uses
+    assert "adopt_orphans" in sweeper_uses, sweeper_uses
+    # Query goes through one function that takes the index; the functions' paths reach it only
     # through the orphans index (dead_letter_keys, on the dead_letters index, is the CLI's).
-    methods = _methods(PROVIDER, "DynamoDBLeaseProvider")
-    (querying,) = [n for n, m in methods.items() if "query" in _attributes_of(m, "self.client")]
-    assert "IndexName" in ast.unparse(methods[querying])
-    callers = {n for n, m in methods.items() if querying in _attributes_of(m, "self")}
-    assert all("ORPHAN_INDEX" in ast.unparse(methods[n]) for n in callers - {"_dead_letter_keys"})
-    assert "_dead_letter_keys" not in _client_calls_paths(worker_uses | sweeper_uses, methods)
+    (querying,) = [n for n, fns in functions.items() if any("query" in _client_ops(f) for f in fns)]
+    assert "IndexName" in ast.unparse(functions[querying][0])
+    reached = _reachable(worker_uses | sweeper_uses)
+    callers = {
+        n for n in reached if n != querying and any(querying in _names_in(f) for f in functions[n])
+    }
+    assert callers, querying
+    assert all("ORPHAN_INDEX" in ast.unparse(f) for n in callers for f in functions[n]), callers
+    assert "dead_letter_keys" not in reached
 
     def lease_table(calls: set[str]) -> set[tuple[str, str]]:
         assert calls <= every_call - SETUP_ONLY, calls
@@ -426,7 +456,7 @@ def test_alarms(template: dict[str, Any]) -> None:
         for props in [resource["Properties"]]
     }
     assert set(alarms) == {"ApproximateNumberOfMessagesVisible", "SignalDeadLettered", "LeaseLost"}
-    guard = (ROOT / "leaseguard" / "guard.py").read_text(encoding="utf-8")
+    guard = "".join(f.read_text(encoding="utf-8") for f in sorted(GUARD.glob("*.py")))
     for metric in ("SignalDeadLettered", "LeaseLost"):
         assert f'"{metric}"' in guard  # the name leaseguard counts under
         alarm = alarms[metric]

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 
 from leaseguard.config import ProviderConfig
 from leaseguard.errors import ConfigurationError, InvalidLeaseArgument, LeaseguardError
+from leaseguard.providers.redis.connection import URL_SCHEMES, redact_url
 
 if TYPE_CHECKING:
     from leaseguard.providers.base import BaseLeaseProvider
 
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 CONFIGURE_HINT = (
     "pass --redis-url URL or --dynamodb-endpoint URL --table NAME, or set LEASEGUARD_REDIS_URL "
     "(Redis) or LEASEGUARD_TABLE_NAME (DynamoDB), optionally with LEASEGUARD_BACKEND"
@@ -98,7 +98,7 @@ def _configure(
             key_prefix=args.prefix or _run_prefix(embedded),
         )
         kind = "Redis Cluster" if args.redis_cluster else "Redis"
-        return config, f"{kind} at {_redact(args.redis_url)}"
+        return config, f"{kind} at {redact_url(args.redis_url)}"
     if getattr(args, "memory", False):
         return ProviderConfig(backend="memory"), "in-memory (threads)"
     if getattr(args, "dynamodb", False) or args.dynamodb_endpoint:
@@ -126,8 +126,7 @@ def _from_env(args: argparse.Namespace) -> ProviderConfig:
             f"{CONFIGURE_HINT}"
         )
     if config.backend == "redis":
-        assert config.redis_url is not None
-        check_redis_url(config.redis_url, "LEASEGUARD_REDIS_URL")
+        check_redis_url(config.redis_url or "", "LEASEGUARD_REDIS_URL")
     if args.prefix:
         config = replace(config, key_prefix=args.prefix)
     if args.table and config.backend == "dynamodb":
@@ -188,9 +187,9 @@ def build_provider(config: ProviderConfig, *, check: bool = False) -> BaseLeaseP
 
 
 def check_redis_url(url: str, source: str) -> None:
-    if not url.startswith(REDIS_SCHEMES):
+    if not url.startswith(URL_SCHEMES):
         raise ConfigurationError(
-            f"{source} must start with redis://, rediss:// or unix://, got {_redact(url)!r}"
+            f"{source} must start with redis://, rediss:// or unix://, got {redact_url(url)!r}"
         )
 
 
@@ -228,7 +227,7 @@ def explain(exc: BaseException, config: ProviderConfig | None, command: str) -> 
             return f"cannot reach DynamoDB at {where} ({message}): check the endpoint", 1
         return f"{message}: check the DynamoDB table and endpoint, then retry", 1
     if config is not None and config.backend == "redis":
-        url = _redact(config.redis_url or "")
+        url = redact_url(config.redis_url or "")
         setting = "--redis-url (or LEASEGUARD_REDIS_URL)"
         if names & {"ConnectionError", "TimeoutError", "ClusterDownError"}:
             return (
@@ -282,8 +281,3 @@ _LOCAL_AWS_ENV = {
 def _run_prefix(embedded: bool) -> str:
     # A simulation against someone's own Redis must not collide with their keys or an earlier run.
     return f"lg-sim-{uuid.uuid4().hex[:8]}:" if embedded else "lg:"
-
-
-def _redact(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    return scheme + sep + ("***@" + rest.split("@", 1)[1] if "@" in rest else rest)

@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any
 
+from leaseguard import aws
 from leaseguard.cli.backends import add_backend_arguments, build_provider, open_backend
 from leaseguard.config import DEFAULT_TTL_MS
 from leaseguard.errors import ConfigurationError, LeaseBackendError
@@ -51,9 +52,7 @@ def register(commands: Any) -> None:
 def aws_client(service: str, purpose: str) -> Any:
     """A boto3 client for ``service``, or a :class:`ConfigurationError` naming what to set
     when no credentials or no region are configured (checked before anything is adopted)."""
-    import boto3
-
-    session = boto3.session.Session()
+    session = aws.session()
     region = session.region_name or os.environ.get("AWS_REGION") or None
     if session.get_credentials() is None:
         raise ConfigurationError(
@@ -62,7 +61,7 @@ def aws_client(service: str, purpose: str) -> Any:
         )
     if region is None:
         raise ConfigurationError(f"no AWS region configured for {purpose}: set AWS_REGION")
-    return session.client(service, region_name=region)  # type: ignore[call-overload]
+    return aws.client(service, region_name=region)
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

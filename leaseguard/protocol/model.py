@@ -13,160 +13,31 @@ Row names used in comments (``[A1]`` ...) are the rows of the step table in docs
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
-from leaseguard.signals import decode_signal
-from leaseguard.types import DeadLetter, KeyState, LeaseResult, Signal
+from leaseguard.types import KeyState, LeaseResult, Signal
 
-DEDUPE_WINDOW_MS = 300_000
-"""How long a completed signal id is remembered: a resend or redelivery of it within this
-window answers "duplicate" instead of running it again (SQS FIFO's window is the same)."""
-DONE_LIMIT = 1_000
-"""At most this many completed ids are remembered per key (the oldest are forgotten first)."""
-DEFAULT_MAX_ATTEMPTS = 3
-"""A forwarded signal whose handler failed this many times is dead-lettered."""
-TOKEN_MEMORY_MS = 60_000
-"""An idle key (no owner, nothing queued, in flight, dead-lettered or remembered as done) is
-forgotten this long after it went idle; its next token then comes from the clock floor."""
-MAX_ERROR_CHARS = 1_000
-DEFAULT_MAX_QUEUE = 1_000
-"""A forward into a key whose queue already holds this many signals is refused (row Q8)."""
+from .state import (
+    DEDUPE_WINDOW_MS,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_QUEUE,
+    DONE_LIMIT,
+    MAX_ERROR_CHARS,
+    TOKEN_MEMORY_MS,
+    DeadEntry,
+    Done,
+    Failure,
+    Full,
+    KeyRecord,
+    Lost,
+    Stored,
+    dead_letter,
+)
 
-
-class Lost(NamedTuple):
-    """The reply of an owner-side step made by a caller that does not hold the key."""
-
-    holder: str | None
-
-
-class Full(NamedTuple):
-    """The reply of a forward refused because the key's queue is at its bound (row Q8)."""
-
-    holder: str | None
-    depth: int
-
-
-@dataclass(frozen=True)
-class Failure:
-    """How the owner's run ended when it did not succeed (an argument of ``transfer_to_next``).
-
-    Every signal the owner holds in flight failed with it: the owner's own signal and the ones
-    it took. Each goes back to the head of the queue with one more attempt, or to the key's
-    dead-letter list once it reached ``max_attempts``. ``requeue_owner=False`` is for an owner
-    whose signal is the invocation's *own* event: the invocation re-raises, so the platform
-    retries that event; it is removed here and not remembered as done. ``halt`` (the guard's
-    ``on_poison="halt"``): a signal dead-lettered by this report halts the key, so nothing
-    queued behind it runs until an operator redrives it (row G6, V1).
-    """
-
-    error: str
-    requeue_owner: bool = True
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    halt: bool = False
-
-
-@dataclass
-class Stored:
-    record: str  # leaseguard.signals.encode_signal text
-    attempts: int = 0
-
-
-@dataclass(frozen=True)
-class Done:
-    token: int  # the grant under which it completed (names the owner's step for resends)
-    at: int
-    ok: bool  # False: it failed and went back to the queue or the platform (no dedupe)
-    attempts: int = 0  # a failed own event's failed runs so far: its platform retry resumes them
-
-
-@dataclass(frozen=True)
-class DeadEntry:
-    id: str
-    record: str
-    attempts: int
-    error: str
-    at: int
-
-
-@dataclass
-class KeyRecord:
-    """One key's state. Field letters are the Redis hash / DynamoDB attribute names."""
-
-    owner: str | None = None  # o
-    token: int = 0  # t: last token issued; kept after release and expiry
-    expires: int = 0  # owner's deadline; 0 after a release (not an expiry)
-    claimed: bool = True  # c
-    grant_nonce: str | None = None  # w: the call that made or claimed this grant
-    prev: str | None = None  # p: the owner that handed over or released last
-    prev_token: int | None = None  # pt: its token
-    take_nonce: str | None = None  # k
-    take_count: int = 0  # kn
-    queue: list[str] = field(default_factory=list)
-    in_flight: list[str] = field(default_factory=list)
-    stored: dict[str, Stored] = field(default_factory=dict)  # queued and in flight
-    dead: list[DeadEntry] = field(default_factory=list)
-    done: dict[str, Done] = field(default_factory=dict)  # oldest first
-    idle_since: int = 0
-    halted: bool = False  # h: a dead letter under on_poison="halt" stops the queue
-
-    def clone(self) -> KeyRecord:
-        return KeyRecord(
-            self.owner,
-            self.token,
-            self.expires,
-            self.claimed,
-            self.grant_nonce,
-            self.prev,
-            self.prev_token,
-            self.take_nonce,
-            self.take_count,
-            list(self.queue),
-            list(self.in_flight),
-            {k: Stored(v.record, v.attempts) for k, v in self.stored.items()},
-            list(self.dead),
-            dict(self.done),
-            self.idle_since,
-            self.halted,
-        )
-
-    def freeze(self, now: int) -> tuple[object, ...]:
-        """A hashable image of everything the protocol can observe, with times relative to
-        ``now`` (the explorer's state: two worlds that differ only in when they happen are one)."""
-        if self.owner is not None:
-            expires = max(self.expires - now, 0)
-        else:
-            expires = 0 if self.expires == 0 else -1  # released, or expired
-        return (
-            self.owner,
-            self.token,
-            expires,
-            self.claimed,
-            self.grant_nonce,
-            self.prev,
-            self.prev_token,
-            self.take_nonce,
-            self.take_count,
-            tuple(self.queue),
-            tuple(self.in_flight),
-            tuple(sorted((k, v.attempts) for k, v in self.stored.items())),
-            tuple((d.id, d.attempts) for d in self.dead),
-            self.halted,
-            tuple((k, v.token, v.ok, v.attempts) for k, v in self.done.items()),
-        )
-
-    @property
-    def has_work(self) -> bool:
-        return bool(self.queue or self.in_flight)
-
-    def forgettable(self, now: int) -> bool:
-        return (
-            self.owner is None
-            and not self.has_work
-            and not self.dead
-            and not self.done
-            and self.idle_since <= now - TOKEN_MEMORY_MS
-        )
+__all__ = ["ProtocolModel", "clock_floor"]
+# The state's names stay importable from here, where the guard and the providers import them.
+__all__ += ["DEDUPE_WINDOW_MS", "DEFAULT_MAX_ATTEMPTS", "DEFAULT_MAX_QUEUE", "DONE_LIMIT"]
+__all__ += ["MAX_ERROR_CHARS", "TOKEN_MEMORY_MS", "Failure", "Full", "KeyRecord", "Lost"]
+__all__ += ["DeadEntry", "Done", "Stored", "dead_letter"]
 
 
 def clock_floor(now_ms: int) -> int:
@@ -242,7 +113,7 @@ class ProtocolModel:
             rec, head, ttl_ms, now, claimed=claimed, nonce=nonce, prev=prev, prev_token=prev_token
         )
         rec.in_flight.append(head)
-        return self.signal(rec, head, rec.token)
+        return rec.signal(head, rec.token)
 
     def requeue_in_flight(self, rec: KeyRecord) -> None:
         """[G5] A dead owner's in-flight signals go back to the head of the queue, in order,
@@ -312,31 +183,6 @@ class ProtocolModel:
         rec.take_count = 0
         rec.idle_since = now
 
-    @staticmethod
-    def stored_new(rec: KeyRecord, sid: str, record: str) -> Stored:
-        """A signal stored anew: a failed own event's retry resumes its attempt count."""
-        done = rec.done.get(sid)
-        return Stored(record, done.attempts if done is not None and not done.ok else 0)
-
-    @staticmethod
-    def holds(rec: KeyRecord, owner: str, token: int | None) -> bool:
-        return rec.owner == owner and (token is None or rec.token == token)
-
-    @staticmethod
-    def signal(rec: KeyRecord, sid: str, token: int | None = None) -> Signal:
-        stored = rec.stored[sid]
-        return decode_signal(sid, stored.record, token, stored.attempts)
-
-    def granted(self, rec: KeyRecord, sid: str) -> LeaseResult:
-        """The reply of a grant that is the current lease (first run or recognised resend)."""
-        owner = rec.owner
-        if owner is None:  # every caller grants first; a free key here is a bug in the model
-            raise RuntimeError("granted() called on a free key")
-        if owner == sid:
-            stored = rec.stored.get(sid)
-            return LeaseResult(True, owner, rec.token, attempts=stored.attempts if stored else 0)
-        return LeaseResult(True, owner, rec.token, adopted=self.signal(rec, owner, rec.token))
-
     # -- the lease contract (rows L*) -----------------------------------------------------------
 
     def acquire_lease(self, rec: KeyRecord, owner: str, ttl_ms: int, now: int) -> LeaseResult:
@@ -366,7 +212,7 @@ class ProtocolModel:
 
     def renew(self, rec: KeyRecord, owner: str, ttl_ms: int, token: int | None, now: int) -> bool:
         self.observe(rec, now)
-        if not self.holds(rec, owner, token):  # [R2] never brings back an expired lease
+        if not rec.holds(owner, token):  # [R2] never brings back an expired lease
             return False
         rec.expires = now + ttl_ms  # [R1]
         return True
@@ -400,7 +246,7 @@ class ProtocolModel:
     ) -> LeaseResult | Full:
         self.observe(rec, now)
         if rec.owner is not None and rec.grant_nonce == nonce:
-            return self.granted(rec, sid)  # [Q7] a resend of this very call, which was applied
+            return rec.granted(sid)  # [Q7] a resend of this very call, which was applied
         holder, token = rec.owner, (rec.token if rec.owner is not None else None)
         done = rec.done.get(sid)
         if (done is not None and done.ok) or any(d.id == sid for d in rec.dead):
@@ -414,31 +260,31 @@ class ProtocolModel:
         if holder is None and not rec.has_work and not rec.halted:
             # [Q1] free: the signal owns the key and stays in flight
             self.grant(rec, sid, ttl_ms, now, claimed=True, nonce=nonce, prev=None, prev_token=None)
-            rec.stored[sid] = self.stored_new(rec, sid, record)
+            rec.stored[sid] = rec.stored_new(sid, record)
             rec.in_flight.append(sid)
-            return self.granted(rec, sid)
+            return rec.granted(sid)
         if not known and len(rec.queue) >= max_queue:
             return Full(holder, len(rec.queue))  # [Q8] the queue is at its bound: refused
         if holder is not None:
-            rec.stored[sid] = self.stored_new(rec, sid, record)  # [Q2] queued behind the holder
+            rec.stored[sid] = rec.stored_new(sid, record)  # [Q2] queued behind the holder
             rec.queue.append(sid)
             return LeaseResult(False, holder, token, position=len(rec.queue))
         # Free with work pending. [Q9] halted: queued behind the dead letter, nothing runs.
         # [Q6] orphaned: the dead owner's work first, this signal behind it, the head owns.
         self.requeue_in_flight(rec)
         if sid not in rec.stored:
-            rec.stored[sid] = self.stored_new(rec, sid, record)
+            rec.stored[sid] = rec.stored_new(sid, record)
             rec.queue.append(sid)
         if rec.halted:
             return LeaseResult(False, None, None, position=rec.queue.index(sid) + 1)
         self.grant_head(rec, ttl_ms, now, claimed=True, nonce=nonce, prev=None, prev_token=None)
-        return self.granted(rec, sid)
+        return rec.granted(sid)
 
     def take(
         self, rec: KeyRecord, owner: str, limit: int, token: int | None, nonce: str, now: int
     ) -> list[Signal] | Lost:
         self.observe(rec, now)
-        if not self.holds(rec, owner, token):
+        if not rec.holds(owner, token):
             return Lost(rec.owner)  # [K3]
         if rec.take_nonce == nonce:  # [K2] a resend: the same batch
             ids = rec.in_flight[len(rec.in_flight) - rec.take_count :] if rec.take_count else []
@@ -447,7 +293,7 @@ class ProtocolModel:
             del rec.queue[:limit]
             rec.in_flight.extend(ids)
             rec.take_nonce, rec.take_count = nonce, len(ids)
-        return [self.signal(rec, sid) for sid in ids]
+        return [rec.signal(sid) for sid in ids]
 
     def transfer_to_next(
         self,
@@ -460,14 +306,14 @@ class ProtocolModel:
         failure: Failure | None = None,
     ) -> Signal | Lost | None:
         self.observe(rec, now)
-        if not self.holds(rec, owner, token):
+        if not rec.holds(owner, token):
             # [N4] a resend of a step that was applied: we handed over or released last, or our
             # grant is remembered as completed.
             if rec.prev == owner and (token is None or rec.prev_token == token):
                 if rec.owner is None:
                     return None  # we released it
                 if rec.owner in rec.in_flight:  # the head our hand-off granted
-                    return self.signal(rec, rec.owner, rec.token)
+                    return rec.signal(rec.owner, rec.token)
             done = rec.done.get(owner)
             if token is not None and done is not None and done.token == token:
                 return None
@@ -487,7 +333,7 @@ class ProtocolModel:
     ) -> Signal | None:
         self.observe(rec, now)
         if rec.owner == owner and rec.grant_nonce == nonce and owner in rec.stored:
-            return self.signal(rec, owner, rec.token)  # [C1]/[C4] again: a resend of it
+            return rec.signal(owner, rec.token)  # [C1]/[C4] again: a resend of it
         if (
             rec.owner is None
             and rec.token == token
@@ -507,7 +353,7 @@ class ProtocolModel:
             return None  # [C2] claimed before by another call (a duplicate envelope)
         rec.claimed, rec.grant_nonce = True, nonce  # [C1]
         rec.expires = now + ttl_ms
-        return self.signal(rec, owner, token)
+        return rec.signal(owner, token)
 
     def adopt(
         self, rec: KeyRecord, ttl_ms: int, claim: bool, nonce: str, now: int
@@ -515,7 +361,7 @@ class ProtocolModel:
         self.observe(rec, now)
         if rec.owner is not None:
             if rec.grant_nonce == nonce:  # [D3] a resend of this adoption
-                return self.signal(rec, rec.owner, rec.token)
+                return rec.signal(rec.owner, rec.token)
             return None  # [D2] the owner is alive
         if rec.halted:
             return None  # [D4] halted: nothing runs until a redrive
@@ -549,26 +395,4 @@ class ProtocolModel:
 
     def inspect(self, rec: KeyRecord, key: str, now: int) -> KeyState:
         self.observe(rec, now)
-        live = rec.owner is not None
-        return KeyState(
-            key=key,
-            owner=rec.owner,
-            token=rec.token if live else None,
-            remaining_ms=rec.expires - now if live else None,
-            queued=tuple(self.signal(rec, sid) for sid in rec.queue),
-            in_flight=tuple(rec.in_flight),
-            dead_letters=tuple(dead_letter(d) for d in rec.dead),
-            halted=rec.halted,
-        )
-
-
-def dead_letter(entry: DeadEntry) -> DeadLetter:
-    signal = decode_signal(entry.id, entry.record)
-    return DeadLetter(
-        id=entry.id,
-        payload=signal.payload,
-        attempts=entry.attempts,
-        error=entry.error,
-        enqueued_at_ms=signal.enqueued_at_ms,
-        failed_at_ms=entry.at,
-    )
+        return rec.view(key, now)

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field, replace
 
 from leaseguard.types import LeaseResult, Signal
 
-from .explore import ClientRules
-from .model import DEFAULT_MAX_QUEUE, Failure, Full, KeyRecord, Lost, ProtocolModel, Stored
+from .bounds import ClientRules
+from .model import ProtocolModel
+from .state import DEFAULT_MAX_QUEUE, Failure, Full, KeyRecord, Lost, Stored
 
 
 class _Model(ProtocolModel):
@@ -44,7 +45,7 @@ class ReleaseIgnoringQueue(_Model):
         failure: Failure | None = None,
     ) -> Signal | Lost | None:
         self.observe(rec, now)
-        if not self.holds(rec, owner, token):
+        if not rec.holds(owner, token):
             return super().transfer_to_next(rec, owner, ttl_ms, claim, token, now, failure)
         self.complete(rec, owner, now, failure)
         self.free(rec, owner, now)
@@ -154,7 +155,7 @@ class ResentReleaseLost(_Model):
         failure: Failure | None = None,
     ) -> Signal | Lost | None:
         self.observe(rec, now)
-        if not self.holds(rec, owner, token) and rec.prev != owner:
+        if not rec.holds(owner, token) and rec.prev != owner:
             return Lost(rec.owner)
         return super().transfer_to_next(rec, owner, ttl_ms, claim, token, now, failure)
 

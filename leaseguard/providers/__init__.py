@@ -33,9 +33,10 @@ _MODULES = {
 # Hidden from type checkers, which see the imports above: with a module __getattr__ in view,
 # mypy would accept any misspelt name as an ``object``.
 if not TYPE_CHECKING:
-    from leaseguard import _lazy_getattr
+    from leaseguard.lazy import module_getattr
 
-    __getattr__ = _lazy_getattr(__name__, _MODULES, globals())
+    __getattr__ = module_getattr(__name__, _MODULES, globals())
+    del module_getattr
 
 
 def __dir__() -> list[str]:

@@ -8,7 +8,7 @@ or payload, and every backend accepts exactly the same inputs.
 
 from __future__ import annotations
 
-import secrets
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import ClassVar, Literal
@@ -41,7 +41,7 @@ def new_nonce() -> str:
     """Names one call of a protocol step. A client resends a request whose reply was lost (a
     dropped connection after the backend applied it); the step finds its own nonce stored and
     answers what it did the first time, instead of taking its own effect for someone else's."""
-    return secrets.token_hex(8)
+    return os.urandom(8).hex()
 
 
 class BaseLeaseProvider(ABC):

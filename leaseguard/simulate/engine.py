@@ -4,362 +4,57 @@ The pieces stand in for AWS Lambda, nothing else:
 
 * **workers** are OS processes (threads with the in-memory backend), each a warm Lambda
   execution environment running one invocation at a time of a handler guarded by the real
-  ``@lease_owned`` against the real backend;
-* the **platform** (the coordinator) delivers events with bursty arrivals, retries an
-  invocation whose worker died (Lambda's retry of async events), replaces dead workers, and
-  runs the **sweeper** (``adopt_orphans`` on a timer);
-* an async ``Invoke`` from a handoff becomes a new delivery to the worker pool.
+  ``@lease_owned`` against the real backend (:mod:`leaseguard.simulate.worker`);
+* the **platform** (the coordinator, :class:`Simulation`) delivers events with bursty arrivals,
+  retries an invocation whose worker died (Lambda's retry of async events), replaces dead
+  workers, and runs the **sweeper** (:func:`~leaseguard.handoff.dispatch_orphans` on a timer);
+* an async ``Invoke`` from a handoff, and each signal the sweeper adopts, becomes a new
+  delivery to the worker pool.
 
-Handlers sleep for the event's ``work_ms`` and log their runs to per-worker JSON-lines files
-(:mod:`leaseguard.simulate.checker` reads them back). With ``kill_rate`` a handler SIGKILLs its
-own process mid-work with that probability per event, a real crash at a random point.
+What a run is asked to do and what it reports live in :mod:`leaseguard.simulate.config`.
 """
 
 from __future__ import annotations
 
-import contextvars
 import json
 import logging
 import multiprocessing as mp
 import os
 import queue
-import random
-import signal
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from leaseguard.config import ProviderConfig
-from leaseguard.guard import lease_owned
-from leaseguard.handoff import Envelope
+from leaseguard.handoff import Envelope, dispatch_orphans
 from leaseguard.providers.base import BaseLeaseProvider
-from leaseguard.renewal import current_lease
-from leaseguard.testing.context import LambdaContext
 
-Record = dict[str, Any]
-MAX_ERROR_RETRIES = 3  # like Lambda's async retries: a delivery that keeps failing is dropped
-_INVOCATION: contextvars.ContextVar[str] = contextvars.ContextVar("simulated_invocation")
+from .config import (
+    MAX_ERROR_RETRIES,
+    Delivery,
+    Record,
+    SimulationConfig,
+    SimulationResult,
+    plan_events,
+)
+from .worker import process_main, worker_loop
 
-
-@dataclass(frozen=True)
-class SimulationConfig:
-    provider: ProviderConfig
-    workers: int = 4
-    invocations: int = 400
-    keys: int = 6
-    work_ms: tuple[int, int] = (5, 40)
-    ttl_ms: int = 1_000
-    kill_rate: float = 0.0
-    drain: int = 2
-    burst: int = 8
-    gap_ms: int = 40
-    lambda_timeout_ms: int = 1_500
-    handoff_margin_ms: int = 1_000
-    sweep_every_ms: int = 200
-    threads: bool = False
-    seed: int = 1
-    quiesce_timeout_s: float = 120.0
-    # Random kills are not poison: each run an event's owner dies in counts as a failed attempt
-    # (docs/protocol.md, G5), and at the default 3 an unlucky event would be dead-lettered, not
-    # handled. The checker's promise is "every event handled", so the bound is high here.
-    max_attempts: int = 100
-
-    def __post_init__(self) -> None:
-        if self.workers < 1 or self.invocations < 1 or self.keys < 1:
-            raise ValueError("workers, invocations and keys must be at least 1")
-        low, high = self.work_ms
-        if not 0 <= low <= high:
-            raise ValueError("work_ms must be (min, max) with 0 <= min <= max")
-        if not 0.0 <= self.kill_rate < 1.0:
-            raise ValueError("kill_rate must be in [0, 1)")
-        if self.threads and self.kill_rate:
-            raise ValueError("kill_rate needs worker processes; threads cannot be SIGKILLed")
-        if self.provider.backend == "memory" and not self.threads:
-            raise ValueError("the memory backend lives in one process: use threads")
+__all__ = ["Simulation", "SimulationConfig", "SimulationResult"]
 
 
-@dataclass(frozen=True)
-class Delivery:
-    """One delivery of an invocation to a worker. ``attempt`` counts platform retries."""
+class _PoolDispatcher:
+    """The sweeper's :class:`~leaseguard.handoff.Dispatcher`: an adopted signal's envelope
+    becomes a delivery to the pool, as an async ``Invoke`` of it would on Lambda."""
 
-    index: int
-    kind: str  # event | handoff (an async Invoke by a handler) | sweep (sent by the sweeper)
-    body: dict[str, Any]
-    attempt: int = 0
+    def __init__(self, deliver: Callable[[str, dict[str, Any]], None]) -> None:
+        self.deliver = deliver
+        self.adopted = 0
 
-    @property
-    def invocation(self) -> str:
-        return f"i{self.index}/{self.attempt}"
-
-
-@dataclass
-class SimulationResult:
-    config: SimulationConfig
-    records: list[Record]
-    events: list[dict[str, Any]]
-    started_ns: int
-    finished_ns: int
-    quiesced: bool
-    stuck: dict[str, Any] = field(default_factory=dict)
-    adopted: int = 0
-    kills: int = 0
-
-    @property
-    def wall_s(self) -> float:
-        return (self.finished_ns - self.started_ns) / 1e9
-
-
-def plan_events(config: SimulationConfig) -> list[tuple[float, dict[str, Any]]]:
-    """(arrival offset in seconds, event) pairs: bursts of events that favour a few hot keys,
-    separated by random gaps."""
-    rng = random.Random(config.seed)
-    planned: list[tuple[float, dict[str, Any]]] = []
-    clock = 0.0
-    while len(planned) < config.invocations:
-        size = min(
-            1 + int(rng.expovariate(1 / max(config.burst - 1, 1))),
-            config.invocations - len(planned),
-        )
-        for _ in range(size):
-            key = min(int(rng.expovariate(3 / config.keys)), config.keys - 1)
-            n = len(planned)
-            planned.append(
-                (
-                    clock + rng.random() * 0.002,
-                    {
-                        "id": f"e{n:05d}",
-                        "key": f"key-{key}",
-                        "work_ms": rng.randint(*config.work_ms),
-                    },
-                )
-            )
-        clock += rng.random() * 2 * config.gap_ms / 1000
-    return planned
-
-
-class _FileRecorder:
-    """Appends JSON lines to this worker's own file; flushes every line so a SIGKILL loses
-    nothing that was written before it."""
-
-    def __init__(self, path: Path, worker: int) -> None:
-        self.worker = worker
-        self.pid = os.getpid()
-        self._file: TextIO = path.open("a", encoding="utf-8", buffering=1)
-        self._lock = threading.Lock()
-
-    def write(self, record: Record) -> None:
-        record.setdefault("worker", self.worker)
-        record.setdefault("pid", self.pid)
-        line = json.dumps(record, separators=(",", ":"))
-        with self._lock:
-            self._file.write(line + "\n")
-
-    def close(self) -> None:
-        self._file.close()
-
-
-class _RecordingLogHandler(logging.Handler):
-    def __init__(self, recorder: _FileRecorder) -> None:
-        super().__init__(logging.WARNING)
-        self.recorder = recorder
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.recorder.write(
-            {
-                "type": "log",
-                "level": record.levelname,
-                "message": record.getMessage(),
-                "t": time.monotonic_ns(),
-            }
-        )
-
-
-class _PoolInvoker:
-    """Stands in for the Lambda ``Invoke`` API: an async invoke becomes a new delivery."""
-
-    def __init__(self, submit: Callable[[str, dict[str, Any]], None]) -> None:
-        self.submit = submit
-
-    def invoke(self, FunctionName: str, InvocationType: str, Payload: bytes) -> dict[str, Any]:
-        self.submit("handoff", json.loads(Payload))
-        return {"StatusCode": 202}
-
-
-def _make_handler(
-    provider: BaseLeaseProvider,
-    config: SimulationConfig,
-    recorder: _FileRecorder,
-    invoker: _PoolInvoker,
-    rng: random.Random,
-    logger: logging.Logger,
-) -> Callable[[dict[str, Any], Any], Any]:
-    def work(event: dict[str, Any], run: str) -> None:
-        recorder.write(
-            {
-                "type": "begin",
-                "event": event["id"],
-                "key": event["key"],
-                "run": run,
-                "t": time.monotonic_ns(),
-                "inv": _INVOCATION.get(),
-            }
-        )
-        t0 = time.monotonic_ns()
-        duration = event["work_ms"] / 1000
-        if config.kill_rate and rng.random() < config.kill_rate:
-            time.sleep(duration * rng.random())
-            os.kill(os.getpid(), signal.SIGKILL)  # a crash in the middle of the handler
-        time.sleep(duration)
-        recorder.write(
-            {
-                "type": "handled",
-                "event": event["id"],
-                "key": event["key"],
-                "run": run,
-                "t0": t0,
-                "t1": time.monotonic_ns(),
-                "inv": _INVOCATION.get(),
-            }
-        )
-
-    @lease_owned(
-        lambda e: e["key"],
-        provider=provider,
-        ttl_ms=config.ttl_ms,
-        handoff_margin_ms=config.handoff_margin_ms,
-        lambda_client=invoker,
-        logger=logger,
-        max_attempts=config.max_attempts,
-    )
-    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-        lease = current_lease()
-        run = uuid.uuid4().hex[:12]
-        inv = _INVOCATION.get()
-        recorder.write(
-            {
-                "type": "start",
-                "run": run,
-                "event": event["id"],
-                "key": event["key"],
-                "owner": lease.owner,
-                "token": lease.token,
-                "t": time.monotonic_ns(),
-                "inv": inv,
-            }
-        )
-        work(event, run)
-        if config.drain:
-            taken = lease.take_signals(config.drain)
-            if taken:
-                recorder.write(
-                    {
-                        "type": "take",
-                        "run": run,
-                        "inv": inv,
-                        "t": time.monotonic_ns(),
-                        "events": [s.payload["id"] for s in taken],
-                    }
-                )
-            for signal_ in taken:
-                work(signal_.payload, run)
-        recorder.write({"type": "end", "run": run, "t": time.monotonic_ns(), "lost": lease.lost})
-        return {"ran": event["id"]}
-
-    return handler
-
-
-def _status(result: Any) -> tuple[str, int | None]:
-    if isinstance(result, dict) and isinstance(result.get("leaseguard"), dict):
-        body = result["leaseguard"]
-        return str(body.get("status")), body.get("position")
-    return "ran", None
-
-
-def _worker_loop(
-    worker: int,
-    config: SimulationConfig,
-    provider: BaseLeaseProvider,
-    log_dir: str,
-    inbox: Any,
-    outbox: Any,
-    current: Any,
-) -> None:
-    recorder = _FileRecorder(Path(log_dir) / f"worker-{worker}.jsonl", worker)
-    logger = logging.getLogger(f"leaseguard.simulate.worker{worker}")
-    logger.propagate = False
-    logger.setLevel(logging.WARNING)
-    logger.addHandler(_RecordingLogHandler(recorder))
-    rng = random.Random(config.seed * 1000 + worker + os.getpid())
-    invoker = _PoolInvoker(lambda kind, body: outbox.put(("submit", kind, body)))
-    handler = _make_handler(provider, config, recorder, invoker, rng, logger)
-    try:
-        while True:
-            delivery: Delivery | None = inbox.get()
-            if delivery is None:
-                return
-            current[worker] = delivery.index
-            token = _INVOCATION.set(delivery.invocation)
-            request_id = delivery.body["id"] if delivery.kind == "event" else uuid.uuid4().hex
-            context = LambdaContext(
-                function_name="simulated",
-                aws_request_id=request_id,
-                timeout_ms=config.lambda_timeout_ms,
-            )
-            t0 = time.monotonic_ns()
-            try:
-                status, position = _status(handler(delivery.body, context))
-            except Exception as exc:
-                status, position = "error", None
-                recorder.write(
-                    {
-                        "type": "log",
-                        "level": "ERROR",
-                        "t": time.monotonic_ns(),
-                        "message": f"{type(exc).__name__}: {exc}",
-                    }
-                )
-            finally:
-                _INVOCATION.reset(token)
-            event_id = delivery.body.get("id") if delivery.kind == "event" else None
-            recorder.write(
-                {
-                    "type": "invoke",
-                    "inv": delivery.invocation,
-                    "kind": delivery.kind,
-                    "attempt": delivery.attempt,
-                    "event": event_id,
-                    "key": delivery.body.get("key"),
-                    "t0": t0,
-                    "t1": time.monotonic_ns(),
-                    "status": status,
-                    "position": position,
-                }
-            )
-            current[worker] = -1
-            outbox.put(("done", delivery.index, status))
-    finally:
-        recorder.close()
-
-
-def _process_main(
-    worker: int,
-    config: SimulationConfig,
-    log_dir: str,
-    inbox: Any,
-    outbox: Any,
-    current: Any,
-    environ: dict[str, str],
-) -> None:
-    # The forkserver kept the environment it started with; credentials and endpoints must be
-    # the coordinator's as of this run.
-    os.environ.clear()
-    os.environ.update(environ)
-    _worker_loop(worker, config, config.provider.build(), log_dir, inbox, outbox, current)
+    def dispatch(self, envelope: Envelope) -> None:
+        self.adopted += 1
+        self.deliver("sweep", envelope.to_event())
 
 
 class Simulation:
@@ -380,11 +75,16 @@ class Simulation:
         self.provider = provider if provider is not None else config.provider.build()
         self.deliveries: dict[int, Delivery] = {}
         self.outstanding: set[int] = set()
-        self.adopted = 0
+        self.sweeps = _PoolDispatcher(self._deliver)
         self.kills: list[Record] = []
         self.dropped: list[Record] = []
         self._lock = threading.Lock()
         self._done_events = 0
+
+    @property
+    def adopted(self) -> int:
+        """Signals the sweeper adopted and delivered so far."""
+        return self.sweeps.adopted
 
     # -- delivery -----------------------------------------------------------------------------
 
@@ -440,14 +140,14 @@ class Simulation:
             finished,
             quiesced,
             stuck,
-            self.adopted,
+            self.sweeps.adopted,
             len(self.kills),
         )
 
     def _spawn(self, worker: int, log_dir: str, context: Any) -> Any:
         if self.config.threads:
             thread = threading.Thread(
-                target=_worker_loop,
+                target=worker_loop,
                 args=(
                     worker,
                     self.config,
@@ -462,7 +162,7 @@ class Simulation:
             thread.start()
             return thread
         proc = context.Process(
-            target=_process_main,
+            target=process_main,
             args=(
                 worker,
                 self.config,
@@ -488,14 +188,9 @@ class Simulation:
     def _sweep(self, stop: threading.Event) -> None:
         while not stop.wait(self.config.sweep_every_ms / 1000):
             try:
-                adopted = self.provider.adopt_orphans(self.config.ttl_ms, 100)
+                dispatch_orphans(self.provider, self.sweeps, self.config.ttl_ms)
             except Exception:
                 logging.getLogger("leaseguard.simulate").exception("sweeper pass failed")
-                continue
-            for key, signal_ in adopted:
-                self.adopted += 1
-                envelope = Envelope(key, signal_.id, signal_.token or 0, signal_.payload)
-                self._deliver("sweep", envelope.to_event())
 
     def _drain_outbox(self) -> None:
         # Bounded, so a busy pool cannot starve the check for dead workers.

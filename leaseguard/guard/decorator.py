@@ -1,0 +1,119 @@
+"""``@lease_owned``, the decorator: it builds a :class:`GuardedHandler` and picks a driver."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+from leaseguard.observability import Telemetry
+from leaseguard.providers.base import OnPoison
+from leaseguard.renewal import LeaseHandle
+from leaseguard.stacking import check_not_inside_idempotency
+from leaseguard.types import Signal
+
+from .call import Call
+from .drivers import drive_async, drive_sync
+from .flow import Invocation
+from .handler import GuardedHandler
+from .options import DEFAULT_HANDOFF_MARGIN_MS, GuardOptions, Handoff
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def lease_owned(
+    key_fn: Callable[[Any], str] | str,
+    provider: object | None = None,
+    ttl_ms: int | None = None,
+    renew_every_ms: int | None = None,
+    handoff: Handoff = "auto",
+    *,
+    handoff_margin_ms: int = DEFAULT_HANDOFF_MARGIN_MS,
+    queue_url: str | None = None,
+    on_lost: Callable[[LeaseHandle], None] | None = None,
+    on_signal_error: Callable[[Signal, BaseException], None] | None = None,
+    signal_id_fn: Callable[[Any, Any], str] | None = None,
+    lambda_client: Any = None,
+    sqs_client: Any = None,
+    logger: Any = None,
+    metrics: Any = None,
+    tracer: Any = None,
+    max_attempts: int | None = None,
+    max_queue: int | None = None,
+    on_poison: OnPoison = "skip",
+    dead_letter_queue_url: str | None = None,
+) -> Callable[[F], F]:
+    """Guard a Lambda handler (or a Powertools batch record handler) with a lease on
+    ``key_fn(event)``.
+
+    ``key_fn`` is a callable on the event or a JMESPath expression
+    (``"pathParameters.threadId"``). ``provider`` defaults to the one ``LEASEGUARD_*``
+    environment variables describe. ``ttl_ms`` defaults to ``LEASEGUARD_TTL_MS`` or 15 s and
+    the lease is renewed every ``renew_every_ms`` (default ``ttl_ms // 3``).
+
+    ``handoff`` decides how the next queued signal runs when the handler finishes:
+    ``"auto"`` runs it inline while the Lambda deadline leaves ``handoff_margin_ms`` more than
+    the longest handler run so far, else hands off by SQS (when ``queue_url`` is set) or by an
+    async ``Invoke`` of this function; ``"inline"``, ``"invoke"`` and ``"sqs"`` force one way.
+
+    ``on_lost(handle)`` runs when renewal fails; ``on_signal_error(signal, exc)`` when the
+    handler raises on a forwarded signal, or on a run that had taken it with
+    ``take_signals``: such a signal goes back to the head of the key's queue and is retried,
+    and after ``max_attempts`` (default ``LEASEGUARD_MAX_ATTEMPTS`` or 3) failed runs it is
+    dead-lettered on the key (``inspect_key(key).dead_letters``, ``leaseguard redrive``), and
+    also sent to ``dead_letter_queue_url`` (an SQS queue) when set. A run that never finished
+    (a crash, a timeout) counts as a failed one. ``on_poison="skip"`` lets the key move on past
+    a dead letter; ``"halt"`` keeps strict order: nothing queued behind it runs until it is
+    redriven. The invocation's own event re-raises instead, so Lambda's (or SQS's) retry
+    applies.
+
+    ``max_queue`` (default: the provider's, ``LEASEGUARD_MAX_QUEUE`` or 1,000) bounds each
+    key's queue: a forward into a full one raises :class:`~leaseguard.errors.QueueFull`
+    (API Gateway gets HTTP 429; a Powertools batch record handler's record is reported as a
+    batch item failure, so SQS delivers it again later). ``logger``, ``metrics`` and ``tracer``
+    take Powertools objects.
+    """
+
+    def decorate(fn: F) -> F:
+        name = getattr(fn, "__qualname__", repr(fn))
+        options = GuardOptions.build(
+            name,
+            ttl_ms=ttl_ms,
+            renew_every_ms=renew_every_ms,
+            handoff=handoff,
+            handoff_margin_ms=handoff_margin_ms,
+            queue_url=queue_url,
+            max_attempts=max_attempts,
+            max_queue=max_queue,
+            on_poison=on_poison,
+            dead_letter_queue_url=dead_letter_queue_url,
+            on_lost=on_lost,
+            on_signal_error=on_signal_error,
+            signal_id_fn=signal_id_fn,
+            lambda_client=lambda_client,
+            sqs_client=sqs_client,
+        )
+        telemetry = Telemetry(logger=logger, metrics=metrics, tracer=tracer)
+        guard = GuardedHandler(fn, key_fn, provider, options, telemetry)
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                check_not_inside_idempotency(guard, guard.name)  # before the backend is touched
+                call = Call.capture(guard.name, args, kwargs)
+                return await drive_async(fn, Invocation(guard, call))
+
+            async_wrapper.__leaseguard__ = guard  # type: ignore[attr-defined]
+            return cast(F, async_wrapper)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            check_not_inside_idempotency(guard, guard.name)  # before the backend is touched
+            return drive_sync(fn, Invocation(guard, Call.capture(guard.name, args, kwargs)))
+
+        wrapper.__leaseguard__ = guard  # type: ignore[attr-defined]
+        return cast(F, wrapper)
+
+    return decorate

@@ -1,0 +1,324 @@
+"""One invocation of a guarded handler, as a generator that yields each handler run.
+
+The flow makes every backend call and decision; a driver (:mod:`.drivers`) runs the handler
+whenever the flow yields a :class:`Run` and sends back its :class:`Outcome`. The sync and the
+async wrappers are two drivers of this one flow, so ``async def`` handlers get exactly the same
+semantics.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Generator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from leaseguard.errors import LeaseBackendError, LeaseLostError, PayloadTooLarge, QueueFull
+from leaseguard.events import as_json, rebuild_like
+from leaseguard.handoff import Envelope, InvalidEnvelope, parse_envelope
+from leaseguard.renewal import LeaseHandle, LeaseRenewer
+from leaseguard.types import QueueProvider, Signal, now_ms
+
+from . import responses
+from .call import Call
+from .failures import UnfinishedRuns, describe
+from .handler import GuardedHandler
+from .responses import Outcome
+
+
+@dataclass(frozen=True)
+class Run:
+    """The flow asks its driver to run the handler on ``event`` while ``handle`` is held."""
+
+    event: Any
+    handle: LeaseHandle
+
+
+Flow = Generator[Run, Outcome, Any]
+
+
+class Invocation:
+    """One call of a guarded handler."""
+
+    def __init__(self, guard: GuardedHandler, call: Call) -> None:
+        self.guard = guard
+        self.options = guard.options
+        self.call = call
+        self.event = call.event
+        self.context = call.context
+        self.telemetry = guard.telemetry
+
+    def flow(self) -> Flow:
+        if self.context is None:
+            self.guard.warn_without_context()
+        provider = self.guard.provider
+        try:
+            envelope = parse_envelope(self.event)
+        except InvalidEnvelope as exc:
+            self.telemetry.log(
+                logging.WARNING, "rejected malformed handoff envelope", error=str(exc)
+            )
+            self.telemetry.count("HandoffRejected")
+            return responses.rejected(str(exc))
+        if envelope is not None:
+            return (yield from self._receive(envelope))
+
+        key = self.guard.key_of(self.event)
+        own = Signal(self.options.signal_id_fn(self.event, self.context), as_json(self.event))
+        sent_at = time.monotonic()
+        try:
+            if self.options.max_queue is None:
+                result = provider.acquire_or_enqueue(key, own, self.options.ttl_ms)
+            else:
+                result = provider.acquire_or_enqueue(  # type: ignore[call-arg]
+                    key, own, self.options.ttl_ms, max_queue=self.options.max_queue
+                )
+        except QueueFull as full:
+            self.telemetry.count("QueueFull")
+            self.telemetry.log(
+                logging.WARNING,
+                "refused an event: the key's queue is full",
+                lease_key=full.key,
+                lease_holder=full.holder,
+                queue_depth=full.depth,
+                max_queue=full.limit,
+            )
+            return responses.queue_full(self.event, full)
+        except PayloadTooLarge as large:
+            self.telemetry.log(logging.WARNING, "refused an event: too large", error=str(large))
+            return responses.too_large(self.event, large)
+        if not result.acquired and result.position is None:
+            # Already in flight (its owner runs it, or this is a second delivery of the event
+            # that owns the key): running it here would run it twice.
+            self.telemetry.count("DuplicateDelivery")
+            return responses.forwarded(
+                self.event, key, own.id, result.owner, None, status="duplicate"
+            )
+        if not result.acquired:
+            self.telemetry.count("LeaseForwarded")
+            self.telemetry.log(
+                logging.INFO,
+                "forwarded event to the key's owner",
+                lease_key=key,
+                lease_holder=result.owner,
+                queue_position=result.position,
+                signal_id=own.id,
+            )
+            if result.position is not None:
+                self.telemetry.count("QueueDepth", result.position)
+            return responses.forwarded(self.event, key, own.id, result.owner, result.position)
+        self.telemetry.count("LeaseAcquired")
+        first = result.adopted or replace(own, token=result.token, attempts=result.attempts)
+        own_event = result.adopted is None
+        outcome = yield from self._chain(key, first, sent_at, primary=own.id, own_event=own_event)
+        return responses.chain_result(self.event, key, own.id, outcome, own_event=own_event)
+
+    def _receive(self, envelope: Envelope) -> Flow:
+        sent_at = time.monotonic()
+        signal = self.guard.provider.claim_signal(
+            envelope.key, envelope.owner, envelope.token, self.options.ttl_ms
+        )
+        if signal is None:
+            self.telemetry.count("HandoffRejected")
+            self.telemetry.log(
+                logging.WARNING,
+                "ignored a stale, duplicate or forged handoff envelope",
+                lease_key=envelope.key,
+                lease_owner=envelope.owner,
+                fencing_token=envelope.token,
+            )
+            return responses.rejected("grant not claimable", envelope.key)
+        self.telemetry.count("LeaseAcquired")
+        key = envelope.key
+        outcome = yield from self._chain(key, signal, sent_at, primary=signal.id, own_event=False)
+        return responses.chain_result(self.event, key, signal.id, outcome, own_event=False)
+
+    def _chain(
+        self, key: str, first: Signal, sent_at: float, *, primary: str, own_event: bool
+    ) -> Generator[Run, Outcome, Outcome | None]:
+        """Run ``first``, then each signal the lease is handed to while it can run inline; the
+        outcome of ``primary``'s run (``None`` if the chain stopped before it). ``sent_at`` is
+        when the request that granted ``first`` was sent."""
+        # One renewer for the whole chain, stopped before the invocation returns (Lambda freezes
+        # the environment then, and a frozen renewer would look alive).
+        renewer = LeaseRenewer(None, self.options.renew_every_ms)
+        try:
+            return (yield from self._runs(key, first, sent_at, primary, own_event, renewer))
+        finally:
+            renewer.stop()
+
+    def _runs(
+        self,
+        key: str,
+        first: Signal,
+        sent_at: float,
+        primary: str,
+        own_event: bool,
+        renewer: LeaseRenewer,
+    ) -> Generator[Run, Outcome, Outcome | None]:
+        options, provider, telemetry = self.options, self.guard.provider, self.telemetry
+        primary_outcome: Outcome | None = None
+        longest_ms = 0.0
+        current: Signal | None = first
+        while current is not None:
+            handle = LeaseHandle(
+                provider,
+                key,
+                current.id,
+                current.token,
+                options.ttl_ms,
+                on_lost=self._lost_callback,
+                sent_at=sent_at,
+            )
+            is_primary = current.id == primary
+            if is_primary and own_event:
+                event = self.event
+            else:
+                event = rebuild_like(self.event, current.payload)
+                telemetry.timing("LeaseWaitMs", now_ms() - current.enqueued_at_ms)
+            # The platform retries the invocation's own event (it re-raises); every other
+            # signal this run held is retried from the queue, or dead-lettered.
+            platform_retries = is_primary and own_event
+            if not platform_retries and current.attempts >= options.max_attempts:
+                # Its earlier runs all died before they could report (G5 counted each): one
+                # more would most likely die the same way, so it is dead-lettered unrun.
+                outcome = Outcome(
+                    error=UnfinishedRuns(
+                        f"{current.attempts} earlier runs did not finish "
+                        "(crash, timeout or lost lease)"
+                    )
+                )
+            else:
+                renewer.follow(handle)
+                started = time.monotonic()
+                try:
+                    outcome = yield Run(event, handle)
+                finally:
+                    handle.settle()  # a TTL that ran out is the reason, not the pause below
+                    renewer.pause()
+                held_ms = (time.monotonic() - started) * 1000
+                longest_ms = max(longest_ms, held_ms)
+                telemetry.timing("LeaseHoldMs", held_ms)
+            if is_primary:
+                primary_outcome = outcome
+            error = outcome.error
+            if error is None and handle.take_failed:
+                error = LeaseBackendError("take_signals failed during the run")
+            dead: list[Signal] = []
+            if error is not None:
+                # The own event is the platform's to retry, unless this failure is its last
+                # (its earlier failed deliveries count too): then it is dead-lettered here.
+                last = current.attempts + 1 >= options.max_attempts
+                owned = [] if platform_retries and not last else [current]
+                reported = not handle.settle()
+                for signal in owned + handle.taken:
+                    if self.guard.failures.signal_failed(key, signal, error, reported=reported):
+                        dead.append(signal)
+                if platform_retries and outcome.error is None:
+                    primary_outcome = Outcome(error=error)
+            if handle.settle():
+                telemetry.count("LeaseLost")
+                telemetry.log(
+                    logging.ERROR,
+                    "lease lost while the handler ran; not handing off",
+                    lease_key=key,
+                    lease_owner=handle.owner,
+                    reason=handle.lost_reason,
+                )
+                break
+            remote = self._place_next(longest_ms) == "remote"
+            report: dict[str, Any] = {}
+            if error is not None:
+                report = {
+                    "error": describe(error),
+                    "requeue_owner": not platform_retries,
+                    "max_attempts": options.max_attempts,
+                }
+                if options.on_poison != "skip":
+                    report["on_poison"] = options.on_poison
+            sent_at = time.monotonic()
+            try:
+                nxt = provider.transfer_to_next(
+                    key, current.id, options.ttl_ms, claim=not remote, token=handle.token, **report
+                )
+            except LeaseLostError as lost:
+                self._lost_before_handoff(handle, lost, provider)
+                break
+            if dead and error is not None:
+                self.guard.failures.send_dead_letters(key, dead, error)
+            if nxt is None:
+                break
+            telemetry.count("LeaseHandedOff")
+            if remote:
+                self._dispatch(Envelope(key, nxt.id, nxt.token or 0, nxt.payload))
+                break
+            current = nxt
+        return primary_outcome
+
+    def _place_next(self, longest_ms: float) -> str:
+        placement = self.guard.policy.place_next(self.context, longest_ms)
+        if placement == "inline, cannot dispatch":
+            self.telemetry.log(
+                logging.WARNING,
+                f'handoff="{self.options.handoff}" is not possible '
+                "without a Lambda context; running the next signal inline",
+            )
+        return placement
+
+    def _lost_before_handoff(
+        self, handle: LeaseHandle, lost: LeaseLostError, provider: QueueProvider
+    ) -> None:
+        # No holder at all: the lease expired, or the backend lost it (a Redis restart without
+        # persistence), and then whatever was queued behind it went too.
+        vanished = " (the key has no owner: expired, or lost by the backend)"
+        handle.mark_lost(
+            "the lease expired or moved before the handoff" + ("" if lost.holder else vanished)
+        )
+        self.telemetry.count("LeaseLost")
+        self.telemetry.log(
+            logging.ERROR,
+            "lease lost before the handoff; not handing off",
+            lease_key=handle.key,
+            lease_owner=handle.owner,
+            lease_holder=lost.holder,
+            pending_signals=_pending_or_none(provider, handle.key),
+        )
+
+    def _dispatch(self, envelope: Envelope) -> None:
+        try:
+            self.guard.policy.dispatcher(self.context).dispatch(envelope)
+        except Exception as exc:
+            # The grant stays in the backend unclaimed; once its TTL passes, adopt_orphans (the
+            # sweeper) or the key's next event delivers it. Failing this invocation instead
+            # would make Lambda retry an event that already ran.
+            self.telemetry.count("HandoffFailed")
+            self.telemetry.log(
+                logging.ERROR,
+                "handoff dispatch failed; the signal will be re-delivered after its lease expires",
+                lease_key=envelope.key,
+                lease_owner=envelope.owner,
+                error=str(exc),
+            )
+            return
+        self.telemetry.count("HandoffDispatched")
+
+    def _lost_callback(self, handle: LeaseHandle) -> None:
+        self.telemetry.log(
+            logging.WARNING,
+            "lease lost",
+            lease_key=handle.key,
+            lease_owner=handle.owner,
+            reason=handle.lost_reason,
+        )
+        if self.options.on_lost is not None:
+            self.options.on_lost(handle)
+
+
+def _pending_or_none(provider: QueueProvider, key: str) -> int | None:
+    """How many signals still wait on ``key``, for a log line (``None`` if the backend cannot
+    say): after a lost lease it tells an operator whether work was left behind or lost."""
+    try:
+        return provider.pending_signals(key)
+    except Exception:
+        return None

@@ -1,0 +1,64 @@
+"""Where the next signal runs once the handler finishes: inline, or in a new invocation."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from leaseguard.handoff import Dispatcher, InvokeDispatcher, SqsDispatcher
+
+from .options import GuardOptions
+
+Placement = Literal["inline", "remote", "inline, cannot dispatch"]
+
+
+class HandoffPolicy:
+    """The ``handoff`` setting applied to one invocation's Lambda context.
+
+    ``"auto"`` runs the next signal inline while the deadline leaves the margin plus the longest
+    run so far (the next run may well take as long as the slowest one did), else hands it off by
+    SQS when ``queue_url`` is set or by an async Invoke of this function. ``"invoke"`` and
+    ``"sqs"`` always hand off, ``"inline"`` never does.
+    """
+
+    def __init__(self, options: GuardOptions) -> None:
+        self.mode = options.handoff
+        self.margin_ms = options.handoff_margin_ms
+        self.queue_url = options.queue_url
+        self.lambda_client = options.lambda_client
+        self.sqs_client = options.sqs_client
+
+    def can_dispatch(self, context: Any) -> bool:
+        """SQS is configured, or a Lambda context names this function (for the Invoke)."""
+        if self.mode == "inline":
+            return False
+        if self.queue_url:
+            return True
+        arn = getattr(context, "invoked_function_arn", None)
+        return self.mode != "sqs" and isinstance(arn, str) and bool(arn)
+
+    def place_next(self, context: Any, longest_ms: float) -> Placement:
+        """Where the next signal runs; ``"inline, cannot dispatch"`` when the mode asks for a
+        new invocation that this context cannot make (the caller says so in the log)."""
+        if not self.can_dispatch(context):
+            forced = self.mode in ("invoke", "sqs")
+            return "inline, cannot dispatch" if forced else "inline"
+        if self.mode in ("invoke", "sqs"):
+            return "remote"
+        remaining = remaining_ms(context)
+        if remaining is not None and remaining - self.margin_ms <= longest_ms:
+            return "remote"
+        return "inline"
+
+    def dispatcher(self, context: Any) -> Dispatcher:
+        if self.queue_url and self.mode in ("auto", "sqs"):
+            return SqsDispatcher(self.queue_url, self.sqs_client)
+        return InvokeDispatcher(context.invoked_function_arn, self.lambda_client)
+
+
+def remaining_ms(context: Any) -> int | None:
+    """The invocation's time left, or ``None`` without a Lambda context."""
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    if not callable(remaining):
+        return None
+    value = remaining()
+    return int(value) if isinstance(value, (int, float)) else None

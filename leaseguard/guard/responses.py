@@ -1,0 +1,102 @@
+"""What a guarded invocation returns when its handler's own result is not the answer.
+
+API Gateway needs a proxy response (``statusCode``, ``headers``, ``body``): a raw dict makes a
+REST API answer 502. Every other source gets the ``{"leaseguard": {...}}`` body itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from leaseguard.errors import PayloadTooLarge, QueueFull
+from leaseguard.events import forwarded_response, is_api_gateway
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one handler run ended: its return value, or the exception it raised."""
+
+    value: Any = None
+    error: BaseException | None = None
+
+
+def forwarded(
+    event: Any,
+    key: str,
+    signal_id: str,
+    holder: str | None,
+    position: int | None,
+    status: str = "forwarded",
+) -> Any:
+    """The event waits in the key's queue (or is already in flight: ``"duplicate"``)."""
+    body = {
+        "leaseguard": {
+            "status": status,
+            "key": key,
+            "signal_id": signal_id,
+            "holder": holder,
+            "position": position,
+        }
+    }
+    return forwarded_response(event, body)  # API Gateway: 202 Accepted
+
+
+def rejected(reason: str, key: str | None = None) -> dict[str, Any]:
+    """A hand-off envelope that cannot be claimed. Only Lambda's async Invoke and SQS deliver
+    envelopes, so this is never an API Gateway response."""
+    body: dict[str, Any] = {"status": "rejected", "reason": reason}
+    if key is not None:
+        body["key"] = key
+    return {"leaseguard": body}
+
+
+def queue_full(event: Any, full: QueueFull) -> Any:
+    """HTTP 429 for API Gateway; any other source gets the error (a batch record handler's
+    record then becomes a batch item failure and comes back later)."""
+    if not is_api_gateway(event):
+        raise full
+    body = {
+        "leaseguard": {
+            "status": "queue full",
+            "key": full.key,
+            "depth": full.depth,
+            "max_queue": full.limit,
+        }
+    }
+    return http(429, body, {"retry-after": "1"})
+
+
+def too_large(event: Any, large: PayloadTooLarge) -> Any:
+    """HTTP 413 for API Gateway; any other source gets the error."""
+    if not is_api_gateway(event):
+        raise large
+    return http(413, {"leaseguard": {"status": "too large", "reason": str(large)}})
+
+
+def chain_result(
+    event: Any, key: str, primary: str, outcome: Outcome | None, *, own_event: bool
+) -> Any:
+    """The invocation's answer once its chain of runs ended. ``outcome`` is the run of
+    ``primary`` (the invocation's own event, or the signal it was sent to run), ``None`` when the
+    chain stopped before reaching it. A failed own event re-raises, so the platform retries it;
+    a failed queued signal is the backend's to retry or dead-letter, and re-raising would only
+    make Lambda resend a spent envelope."""
+    if outcome is None:
+        # An adopted chain that stopped before this invocation's own event: that event stays
+        # queued and runs later, like any forwarded one.
+        return forwarded(event, key, primary, None, None, status="queued")
+    if outcome.error is None:
+        return outcome.value
+    if own_event:
+        raise outcome.error
+    return forwarded(event, key, primary, None, None, status="failed, retried from queue")
+
+
+def http(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+    return {
+        "statusCode": status,
+        "headers": {"content-type": "application/json", **(headers or {})},
+        "body": json.dumps(body),
+    }

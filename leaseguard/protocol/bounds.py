@@ -1,0 +1,62 @@
+"""What one search covers: the bounds of the explored world, the named presets the CLI and
+``make`` use, and the rules the simulated client follows (each client mutant changes one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How far a search looks: how many events, keys and faults, and the protocol's limits."""
+
+    events: int = 3
+    keys: int = 1
+    faults: int = 2
+    expiries: int = 1  # leases that may run out (each starts a take-over)
+    ttl: int = 2
+    platform_retries: int = 1
+    takes: int = 1  # take_signals calls per run
+    renews: int = 1  # renewals per run
+    max_attempts: int = 2
+    max_queue: int = 1000  # the forward bound (row Q8)
+    halt: bool = False  # failures report on_poison="halt" (rows G6, N1, Q9, D4)
+    redrives: int = 0  # operator redrives of a key's dead letters (row V1)
+
+
+@dataclass(frozen=True)
+class ClientRules:
+    """How the client (the guard) behaves; mutants change one rule."""
+
+    valid_from_send: bool = True  # a handle's TTL clock starts when the request was sent
+    atomic_forward: bool = True  # forward with one acquire_or_enqueue (not read, then enqueue)
+    failed_take_fails_run: bool = True  # a run whose take_signals failed ends as failed
+    full_fails_visibly: bool = True  # a forward refused by a full queue fails the invocation
+
+
+PRESETS = {
+    # make test: every fault kind, one at a time, over two events (about a minute)
+    "small": Bounds(events=2, faults=1, expiries=1, renews=0),
+    # make model-check: the same with renewals (a few minutes)
+    "default": Bounds(events=2, faults=1, expiries=1),
+    # by hand: three events and two faults (hours)
+    "deep": Bounds(events=3, faults=2, expiries=1),
+    # make test and make model-check: a bounded queue, a poison signal halting its key, and an
+    # operator's redrive, over three events (a third forward meets a full queue)
+    "queue": Bounds(
+        events=3,
+        faults=1,
+        expiries=0,
+        renews=0,
+        takes=0,
+        max_attempts=1,
+        max_queue=1,
+        halt=True,
+        redrives=1,
+        platform_retries=0,
+    ),
+}
+
+# make model-check: the queue bounds with a platform retry of every refused or failed event
+PRESETS["queue-retries"] = replace(PRESETS["queue"], platform_retries=1)

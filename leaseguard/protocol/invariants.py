@@ -1,0 +1,155 @@
+"""The invariants of docs/protocol.md, checked on every state the explorer reaches.
+
+(a) no two handler runs of a key both believe they hold the lease, and a run that believes it
+    does is the backend's owner with its token; (b) tokens strictly increase per key; (c) in
+    every quiescent state, after the sweeper and retries run to a fixpoint, every event was
+    handled successfully, dead-lettered, or visibly failed to the platform; (d) an event runs
+    more than once only after a crash, a give-up, a handler error or an expired lease; (e)
+    forwarded events start in arrival order per key; (f) a run that held its lease is never told
+    it lost it; (g) a released key never keeps queued signals (no lost wakeup); (h) a resent
+    call that was applied is answered as applied; (i) on a halted key, nothing queued after its
+    dead letter starts; (j) no forward is queued past ``max_queue``.
+
+Most are checked where the step that could break them happens (a run starting, a grant, a
+reply delivered); (a) and (g) on every state; (c) on quiescent states only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from leaseguard.signals import Signal
+from leaseguard.types import LeaseResult
+
+from .state import Lost
+from .world import Actor, Call, ExplorerBase, World, event_index, show
+
+
+class Invariants(ExplorerBase):
+    """The checks. Each sets ``w.violation`` (the first one found wins) or returns it."""
+
+    def start(self, w: World, key: str, sid: str) -> None:
+        """A handler run begins on ``sid``: (d), (e) and (i) are checked here."""
+        book = w.book
+        i = event_index(sid)
+        runs = self.bump(book.runs, (sid,))
+        if runs[i] > 1 + book.excuses[i] and w.violation is None:
+            w.violation = f"(d) {sid} runs a second time with no crash, give-up, error or expiry"
+        if sid in book.enqueued and not book.started[i]:
+            for earlier in book.enqueued[: book.enqueued.index(sid)]:
+                if (
+                    self.key_of(earlier) == key
+                    and not book.started[event_index(earlier)]
+                    and w.violation is None
+                ):
+                    w.violation = f"(e) {sid} starts before {earlier}, queued earlier on {key}"
+        if self.b.halt and sid in book.enqueued and w.violation is None:
+            for dead in self.rec(w, key).dead:
+                if dead.id in book.enqueued and (
+                    book.enqueued.index(dead.id) < book.enqueued.index(sid)
+                ):
+                    w.violation = (
+                        f"(i) {sid} starts while {dead.id}, queued before it, is dead-lettered "
+                        "on a halted key"
+                    )
+        started = list(book.started)
+        started[i] = True
+        w.book = book._replace(runs=runs, started=tuple(started))
+
+    def check_tokens(self, w: World, before: list[tuple[str | None, int]]) -> None:
+        """(b): every new grant carries a larger token than any before it on that key."""
+        for (owner, token), rec in zip(before, w.recs, strict=True):
+            granted = rec.owner is not None and (rec.owner, rec.token) != (owner, token)
+            if (rec.token < token or (granted and rec.token == token)) and w.violation is None:
+                w.violation = f"(b) {rec.owner} was granted token {rec.token} after {token}"
+
+    def check_queue_bound(self, w: World, sid: str, known: bool, reply: Any) -> None:
+        """(j): a forward the backend did not know before is never queued past the bound."""
+        queued = isinstance(reply, LeaseResult) and reply.position is not None
+        if queued and not known and reply.position > self.b.max_queue and not w.violation:
+            w.violation = f"(j) {sid} was queued at {reply.position}, past max_queue"
+
+    def check_lost_reply(self, w: World, a: Actor, call: Call) -> None:
+        """(f): ``transfer_to_next`` answered lost to a run that still held its lease."""
+        if call.sent_at < a.valid_until and not a.lost and w.violation is None:
+            w.violation = f"(f) {a.aid} held its lease on {a.sid} but transfer_to_next said lost"
+
+    def check_resend(self, w: World, a: Actor, call: Call, reply: Any) -> None:
+        """(h): a resent call that was applied is answered as applied."""
+        first, rec = call.first, self.rec(w, a.key)
+        bad = False
+        if call.op == "acquire" and isinstance(first, LeaseResult) and first.acquired:
+            live = rec.owner == first.owner and rec.token == first.token
+            same = isinstance(reply, LeaseResult) and reply.acquired
+            bad = live and not (same and reply.token == first.token)
+        elif call.op in ("claim", "adopt") and isinstance(first, Signal):
+            live = rec.owner == first.id and rec.token == first.token
+            bad = live and reply != first
+        elif call.op == "take" and isinstance(first, tuple) and not isinstance(first, Lost):
+            bad = rec.owner == a.sid and rec.token == a.token and reply != first
+        elif call.op == "next" and not isinstance(first, Lost):
+            bad = isinstance(reply, Lost)
+        if bad and w.violation is None:
+            w.violation = f"(h) {a.aid}'s resent {call.op} was answered {show(reply)}"
+
+    def check(self, w: World) -> str | None:
+        """The violation found so far, else (a) and (g) on this state."""
+        if w.violation:
+            return w.violation
+        for key in self.keys:
+            rec = self.rec(w, key)
+            believers = [
+                a
+                for a in w.actors
+                if a.key == key and a.phase == "run" and not a.lost and w.now < a.valid_until
+            ]
+            if len(believers) > 1:
+                names = ", ".join(f"{a.aid} on {a.sid}" for a in believers)
+                return f"(a) two runs believe they hold {key}: {names}"
+            for a in believers:
+                if rec.owner != a.sid or rec.token != a.token or rec.expires <= w.now:
+                    return (
+                        f"(a) {a.aid} believes it holds {key} as {a.sid}@{a.token}, "
+                        f"the backend says {rec.owner}@{rec.token}"
+                    )
+            if rec.owner is None and rec.expires == 0 and rec.queue and not rec.halted:
+                return f"(g) {key} was released with {list(rec.queue)} queued (lost wakeup)"
+        return None
+
+    def quiescent(self, w: World) -> bool:
+        return not w.actors and not w.book.pending and w.book.arrived == self.b.events
+
+    def drain(self, w: World) -> str | None:
+        """(c): let time pass and the sweeper and receivers run, without faults, to a
+        fixpoint; then every event must be handled, dead-lettered or visibly failed."""
+        w = w.copy()
+        for _ in range(4 * self.b.events + 4):
+            progressed = False
+            for key in self.keys:
+                rec = self.rec(w, key)
+                if rec.owner is not None:
+                    if rec.in_flight:
+                        self.excuse(w, tuple(rec.in_flight))
+                    w.now = max(w.now, rec.expires)
+                self.model.observe(rec, w.now)
+                signal = self.model.adopt(rec, self.b.ttl, True, f"drain.{w.now}", w.now)
+                while signal is not None:
+                    progressed = True
+                    self.start(w, key, signal.id)
+                    w.book = self.handled(w.book, (signal.id,))
+                    nxt = self.model.transfer_to_next(
+                        rec, signal.id, self.b.ttl, True, signal.token, w.now
+                    )
+                    signal = nxt if isinstance(nxt, Signal) else None
+            if not progressed:
+                break
+        if w.violation:
+            return w.violation
+        for sid in self.events:
+            i = event_index(sid)
+            rec = self.rec(w, self.key_of(sid))
+            dead = any(d.id == sid for d in rec.dead)
+            held = rec.halted and sid in rec.queue  # visibly waiting for an operator's redrive
+            if not (w.book.oks[i] or dead or held or w.book.gave_up[i]):
+                return f"(c) {sid} was lost: never handled, not dead-lettered, not failed visibly"
+        return None

@@ -1,0 +1,92 @@
+"""Leases and signal queues on Redis, standalone or Cluster: one round trip per operation.
+
+Every operation is one Lua script (``providers/lua/*.lua``, assembled by :mod:`.scripts`),
+registered once and run with EVALSHA; redis-py loads it again on NOSCRIPT. A refused acquire
+names the holder from the same script. Expiry is the server's: the lease hash carries
+``PEXPIRE``, no client clock is read.
+
+**The protocol.** The scripts implement the rows of the executable model
+(:mod:`leaseguard.protocol.model`, which :class:`~leaseguard.providers.memory.InMemoryLeaseProvider`
+runs on) one step per script run; each script names the rows it implements. Completed signal ids
+are remembered for :data:`~leaseguard.protocol.model.DEDUPE_WINDOW_MS` (at most
+:data:`~leaseguard.protocol.model.DONE_LIMIT` per key), failed signals are retried or
+dead-lettered, exactly as the model does.
+
+**Retries.** redis-py resends a command whose connection dropped, also after Redis ran it. Every
+script is safe to run twice: a transfer or hand-off finds itself as the previous owner (``p``,
+``pt``) or its grant remembered as completed (``done``), a take finds its nonce (``k``), a grant
+or claim finds the nonce of the call that made it (``w``) and returns the first run's result;
+renew and release are idempotent already, and a resent redrive finds nothing left to move.
+
+**Key layout.** For a user key ``k`` and prefix ``lg:`` the keys are ``lg:{t}:lease``,
+``lg:{t}:queue``, ``lg:{t}:signals``, ``lg:{t}:inflight``, ``lg:{t}:done``, ``lg:{t}:donetok``,
+``lg:{t}:attempts``, ``lg:{t}:dead`` and ``lg:{t}:state`` (see ``lua/_prelude.lua``), where
+``t`` is ``k`` with ``%``, ``{`` and ``}`` percent-encoded (``%25``, ``%7B``, ``%7D``). The
+encoding is injective, so two user keys never share Redis keys, and ``t`` contains no brace, so
+the hash tag is exactly ``t`` and all of a key's Redis keys land in one Cluster slot whatever
+the user key holds (spaces, newlines, unicode and braces included). Keys with pending signals
+are indexed in a sorted set scored by the owner's deadline: ``lg:index`` on a standalone
+server, and on Cluster one ``lg:{s}:index`` per slot, where ``s`` is a short string that
+hashes to the same slot as the user key, so the index is updated inside the same script. Keys
+that hold dead letters are indexed the same way (``lg:deadindex``, on Cluster
+``lg:{s}:deadindex``) for :meth:`~leaseguard.providers.base.BaseLeaseProvider.dead_letter_keys`;
+a halted key is left out of the orphan index until it is redriven (nothing may be granted from
+it).
+
+**Fencing tokens** are ``max(last token + 1, server clock in µs)`` (``TIME`` inside the
+script). The last token lives in the lease hash while the lease lives and for 300 s after a
+release (as long as the released owner is remembered as done); once the hash is gone (expired,
+or lost in a restart without persistence) the server clock alone is above every token issued
+before. Assumptions: the server's clock does not step back by more than that (a failover
+promotes a replica whose clock is NTP-synced), and a key changes owner less than once per
+microsecond (each change is a separate script run).
+
+**Where Redis differs from the model.** The model keeps a key's record after its owner's lease
+*expired*; Redis expires the whole lease hash with the lease. The token after an expiry then
+comes from the clock alone (higher, never lower: only the values differ), and ``p``/``pt`` are
+read from their copy in the done memory (``donetok``), which lasts as long as the last
+completion is remembered (300 s) rather than as long as the model's record. What must outlive
+an expired lease lives in ``state``: the halted flag ``h``, and ``g``, the token of the grant
+whose signals are in flight (the model's ``t`` for row C4 after the grant's lease ran out).
+"""
+
+from .connection import redact_url
+from .keys import CLUSTER_SLOTS, escape_key, key_slot, slot_tags
+from .provider import RedisLeaseProvider
+from .scripts import (
+    ACL_COMMANDS,
+    ACQUIRE_LUA,
+    ACQUIRE_OR_ENQUEUE_LUA,
+    ADOPT_LUA,
+    CLAIM_SIGNAL_LUA,
+    INSPECT_LUA,
+    REDRIVE_LUA,
+    RELEASE_LUA,
+    RENEW_LUA,
+    TAKE_SIGNALS_LUA,
+    TRANSFER_LUA,
+    TRANSFER_TO_NEXT_LUA,
+    LuaScript,
+)
+
+__all__ = [
+    "ACL_COMMANDS",
+    "ACQUIRE_LUA",
+    "ACQUIRE_OR_ENQUEUE_LUA",
+    "ADOPT_LUA",
+    "CLAIM_SIGNAL_LUA",
+    "CLUSTER_SLOTS",
+    "INSPECT_LUA",
+    "REDRIVE_LUA",
+    "RELEASE_LUA",
+    "RENEW_LUA",
+    "TAKE_SIGNALS_LUA",
+    "TRANSFER_LUA",
+    "TRANSFER_TO_NEXT_LUA",
+    "LuaScript",
+    "RedisLeaseProvider",
+    "escape_key",
+    "key_slot",
+    "redact_url",
+    "slot_tags",
+]
