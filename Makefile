@@ -5,23 +5,27 @@ BIN := $(VENV)/bin
 DEV_STAMP := $(VENV)/.installed-dev
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: test test-parallel test-parts demo lint typecheck pytest model-check model-check-small soak bench clean
+.PHONY: test checks demo lint typecheck pytest model-check model-check-small \
+	model-check-core model-check-queue soak bench clean
 
-# make test runs its parts one after the other, pytest in one process: the tests that hold
-# leases with short TTLs against moto stay about the protocol, not about a loaded machine.
-# `make test-parallel` runs the parts at once (make -j, pytest on PYTEST_WORKERS pytest-xdist
-# workers, each starting its own servers): faster, but on 2 cores the load can stretch a
-# renewal past a short TTL.
-TEST_JOBS ?= 8
-PYTEST_WORKERS ?= 2
+# make test runs in three phases, each using both cores without crowding the next:
+#   1. the two virtualenvs, installed at once (.venv, and .venv-sam for the SAM CLI);
+#   2. the checks that need no server, at once: ruff, mypy, the model check's two bounds,
+#      sam validate and sam build (CPU-bound, about half a minute together);
+#   3. pytest on PYTEST_WORKERS pytest-xdist workers (each starts its own Redis, Redis Cluster
+#      and moto servers). Most tests wait on servers, subprocesses and leases rather than
+#      compute, so three workers on two cores finish sooner than one, and alone in their phase
+#      they leave the renewals of the short-TTL tests on time. PYTEST_WORKERS=0 runs pytest in
+#      one process.
+PYTEST_WORKERS ?= 3
+CHECK_JOBS ?= 4
 
-test: lint typecheck model-check-small pytest sam-validate sam-build
+test:
+	@$(MAKE) --no-print-directory -j2 $(DEV_STAMP) $(SAM_STAMP)
+	@$(MAKE) --no-print-directory -j$(CHECK_JOBS) --output-sync=target checks
+	@$(MAKE) --no-print-directory pytest
 
-test-parallel:
-	@$(MAKE) --no-print-directory -k -j$(TEST_JOBS) --output-sync=target test-parts \
-		PYTEST_ARGS="-n $(PYTEST_WORKERS) --dist worksteal"
-
-test-parts: lint typecheck model-check-small pytest sam-validate sam-build
+checks: lint typecheck model-check-small sam-validate sam-build
 
 # sam build runs pip on this checkout (as pip install -e does for .venv): not both at once.
 sam-build: | $(DEV_STAMP)
@@ -36,10 +40,11 @@ lint: $(DEV_STAMP)
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy --strict leaseguard
 
-# PYTEST_ARGS: e.g. "-n 2 --dist worksteal" (worksteal spreads the few long multi-process
-# tests over the workers).
+# PYTEST_ARGS: more pytest arguments (a test selection, -x, ...). --dist worksteal spreads the
+# few long multi-process tests over the workers.
 pytest: $(DEV_STAMP)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist worksteal) \
+		$(PYTEST_ARGS)
 
 # The protocol model, explored exhaustively under faults, with every seeded mutant caught
 # (docs/protocol.md). make test runs the small bound; `--bound deep` is for a long afternoon.
@@ -49,19 +54,24 @@ model-check: $(DEV_STAMP)
 	$(BIN)/python -m leaseguard.protocol.explore --bound default --min-states 100000
 	$(BIN)/python -m leaseguard.protocol.explore --bound queue-retries --min-states 100000
 
-model-check-small: $(DEV_STAMP)
+model-check-small: model-check-core model-check-queue
+
+model-check-core: $(DEV_STAMP)
 	$(BIN)/python -m leaseguard.protocol.explore --bound small
+
+model-check-queue: $(DEV_STAMP)
 	$(BIN)/python -m leaseguard.protocol.explore --bound queue
 
 # Soak-scale runs of what make test samples: the model at its default bound, the differential
 # suite at 2,000 sequences (50,000 operations) per backend with no time budget (DynamoDB on moto
 # takes most of an hour; make test: 400 sequences on Redis, 200 on Cluster, 24 on DynamoDB), the
 # full 10,000 lost-wakeup rounds on DynamoDB (make test: 200), 1,000 token grants on DynamoDB
-# (make test: 250) and the DynamoDB races at full size (make test: 40% of the cycles).
+# (make test: 250), the DynamoDB races at full size (make test: 40% of the cycles) and the
+# crash test at 200 events (120 on DynamoDB; make test: half).
 soak: model-check
 	LEASEGUARD_DIFF_SEQUENCES=2000 LEASEGUARD_DYNAMODB_ROUNDS=10000 LEASEGUARD_DYNAMODB_GRANTS=1000 \
 		LEASEGUARD_SOAK=1 $(BIN)/pytest --timeout 7200 tests/test_differential.py \
-		tests/test_guard_processes.py tests/test_dynamodb_races.py \
+		tests/test_guard_processes.py tests/test_dynamodb_races.py tests/test_faults_crash.py \
 		"tests/test_contract.py::test_tokens_strictly_increase_over_1000_grants"
 
 bench: $(DEV_STAMP)
