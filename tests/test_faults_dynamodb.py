@@ -272,3 +272,33 @@ def test_an_owner_clock_behind_beyond_the_margin_is_fenced(
     assert slow.renew_lease("k", "slow", 900, token=mine.token) is False
     assert fence.write("k", mine.token, "slow") is False  # the token catches what the clock missed
     assert fence.read("k") == (taken.token, "other")
+
+
+def test_payload_deletes_that_keep_failing_are_logged_and_leave_the_hand_off_applied(
+    make: Make, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The completing write is applied before the payload items it released are deleted: a
+    # failed delete must not fail the step (its caller would redo finished work) and must not
+    # be silent either. The items stay until their TTL.
+    provider, observer = make(retry_config=ONE_RETRY), make()
+    big = {"text": "x" * 4_000}  # over the 1 KB lease-item budget: a payload item of its own
+    granted = provider.acquire_or_enqueue("k", Signal("s1", big), TTL)
+    assert granted.acquired
+    assert any(i["sk"]["S"].startswith("sig#") for i in table_items(observer))
+    calls: Counter[str] = Counter()
+
+    def refuse_deletes(request: Any, **_: Any) -> AWSResponse:
+        calls["BatchWriteItem"] += 1
+        payload = '{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException","message":"x"}'
+        headers = {"Content-Type": "application/x-amz-json-1.0"}
+        return AWSResponse(request.url, 400, headers, _Body(payload.encode()))
+
+    provider.client.meta.events.register("before-send.dynamodb.BatchWriteItem", refuse_deletes)
+    with caplog.at_level("WARNING", logger="leaseguard"):
+        assert provider.transfer_to_next("k", "s1", TTL, token=granted.token) is None
+    assert calls["BatchWriteItem"] >= 1
+    assert provider.inspect_key("k").owner is None  # the hand-off (a release here) applied
+    assert any(
+        "payload items of 'k' left to their TTL" in r.getMessage() for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
+    assert any(i["sk"]["S"].startswith("sig#") for i in table_items(observer))  # left to TTL

@@ -5,11 +5,12 @@ For each invocation::
     key = key_fn(event)
     acquire_or_enqueue(key, Signal(request id, event))
       ├─ queued  → return "forwarded" (HTTP 202 for API Gateway); the handler does not run
-      └─ owner   → renew every ttl/3 on a thread ─ run handler ─ stop + join the thread
+      └─ owner   → renew every ttl/3 on a thread ─ run handler ─ pause the renewals
                    └─ transfer_to_next: the next queued signal becomes owner, no gap
                         ├─ time left  → run it inline, same invocation (and repeat)
                         ├─ no time    → async Invoke of this function, or SQS, with an envelope
                         └─ queue empty → the key is released
+    the renewal thread is joined before the invocation returns, however it ends
 
 The flow lives in one generator (:meth:`.flow.Invocation.flow`) that *yields* each handler
 run to a driver; the sync and the async wrappers are two drivers of the same flow, so
