@@ -100,14 +100,18 @@ local function set_grant_token(token)
   redis.call('HSET', state, 'g', token)
 end
 
--- [G3] A new owner. `last` is the token when the caller already read it; `previous` and
--- `previous_token` are the model's prev/prev_token, `nonce` its grant_nonce (nil: none).
-local function grant(owner, ttl, claimed, previous, previous_token, last, nonce)
+-- [G3] A new owner. `last` is the token when the caller already read it ('0': the hash has
+-- none); `previous` and `previous_token` are the model's prev/prev_token, `nonce` its
+-- grant_nonce (nil: none); `no_take` true when the caller read k and kn and neither is there
+-- (their HDEL is skipped).
+local function grant(owner, ttl, claimed, previous, previous_token, last, nonce, no_take)
   last = tonumber(last or redis.call('HGET', lease, 't') or '0')
   local token = next_token(last)
   redis.call('HSET', lease, 'o', owner, 't', fmt(token), 'c', claimed, 'p', previous or '',
              'pt', previous_token or '', 'w', nonce or '')
-  redis.call('HDEL', lease, 'k', 'kn')
+  if not no_take then
+    redis.call('HDEL', lease, 'k', 'kn')
+  end
   redis.call('PEXPIRE', lease, ttl)
   if previous then
     redis.call('HSET', donetok, '', previous_token .. ':' .. previous)
@@ -121,6 +125,18 @@ end
 -- index, which sync_index already cleared at the last change) can be skipped.
 local function has_work()
   return redis.call('EXISTS', queue, inflight) > 0
+end
+
+-- sync_index() (below) when the caller knows the key has work and an owner whose lease runs
+-- `ttl` ms more (nil: read its PTTL), so neither is read again.
+local function index_owned(ttl)
+  if is_halted() then
+    redis.call('ZREM', index, member)
+  else
+    local deadline = now_ms()
+    redis.call('ZADD', index, fmt(deadline + (ttl or math.max(redis.call('PTTL', lease), 0))),
+               member)
+  end
 end
 
 -- The orphan index (keys with signals queued or in flight), scored by the owner's deadline. A
@@ -171,13 +187,14 @@ local function append_signals(out, ids)
 end
 
 -- [G4] The head of the queue becomes owner and stays in flight until it completes. `last`: the
--- last token when the caller knows it (else read from the lease hash).
-local function grant_head(ttl, claimed, previous, previous_token, nonce, last)
+-- last token when the caller knows it (else read from the lease hash). The head is in flight
+-- under a lease of `ttl` ms: sync_index() without its reads.
+local function grant_head(ttl, claimed, previous, previous_token, nonce, last, no_take)
   local head = redis.call('LPOP', queue)
-  local token = fmt(grant(head, ttl, claimed, previous, previous_token, last, nonce))
+  local token = fmt(grant(head, ttl, claimed, previous, previous_token, last, nonce, no_take))
   redis.call('RPUSH', inflight, head)
   set_grant_token(token)
-  sync_index()
+  index_owned(tonumber(ttl))
   return head, token
 end
 
@@ -205,8 +222,10 @@ end
 -- [G2] Completed ids older than the dedupe window are forgotten: a read ignores an old entry
 -- (done_entry), a write drops the old ones first (prune_done), and both keys expire with the
 -- newest entry.
-local function done_entry(id)
-  local entry = redis.call('HGET', donetok, id)
+local function done_entry(id, entry)
+  if entry == nil then
+    entry = redis.call('HGET', donetok, id) -- (false: the caller read it, and there is none)
+  end
   if not entry then
     return nil
   end
@@ -234,13 +253,14 @@ local function forget_done(ids)
   end)
 end
 
+-- Whether any completed id is left after the old ones are forgotten.
 local function prune_done()
   local horizon = now_ms() - DEDUPE_WINDOW_MS
   local batch = 1 -- usually the oldest entry is still in the window: one look is enough
   while true do
     local oldest = redis.call('ZRANGE', done, 0, batch - 1)
     if #oldest == 0 then
-      return
+      return false
     end
     local entries = redis.call('HMGET', donetok, unpack(oldest))
     local old = {}
@@ -253,7 +273,7 @@ local function prune_done()
     end
     forget_done(old)
     if #old < #oldest then
-      return
+      return true
     end
     batch = 100
   end
@@ -264,10 +284,8 @@ end
 -- entry's attempts, nil for 0) is kept with each entry.
 local function remember_done(ids, token, ok, tries)
   local n = 0
-  if redis.call('EXISTS', done) == 1 then
-    prune_done()
-    local newest = redis.call('ZRANGE', done, -1, -1, 'WITHSCORES')
-    n = tonumber(newest[2] or '0')
+  if prune_done() then
+    n = tonumber(redis.call('ZRANGE', done, -1, -1, 'WITHSCORES')[2])
   end
   local entry = fmt(now_ms()) .. ':' .. token .. ':' .. (ok and '1' or '0')
   if tries and tries > 0 then
@@ -285,9 +303,10 @@ local function remember_done(ids, token, ok, tries)
     redis.call('ZADD', done, unpack(scored))
     redis.call('HSET', donetok, unpack(entries))
   end
-  local excess = redis.call('ZCARD', done) - DONE_LIMIT
-  if excess > 0 then
-    forget_done(redis.call('ZRANGE', done, 0, excess - 1))
+  -- the oldest beyond DONE_LIMIT (none when under it)
+  local excess = redis.call('ZRANGE', done, 0, -DONE_LIMIT - 1)
+  if #excess > 0 then
+    forget_done(excess)
   end
   redis.call('PEXPIRE', done, DEDUPE_WINDOW_MS)
   redis.call('PEXPIRE', donetok, DEDUPE_WINDOW_MS)
@@ -308,9 +327,7 @@ local function complete(owner, token, failure, mark_owner)
   if not failure then
     if #ids > 0 then
       each_chunk(ids, function(...) redis.call('HDEL', sigs, ...) end)
-      if redis.call('EXISTS', attempts) == 1 then
-        each_chunk(ids, function(...) redis.call('HDEL', attempts, ...) end)
-      end
+      each_chunk(ids, function(...) redis.call('HDEL', attempts, ...) end)
       redis.call('DEL', inflight)
     end
     if mark_owner then
