@@ -16,7 +16,7 @@ In the same run, on the same server and with the same client settings, the ceili
 calling ``EVALSHA`` of a trivial script (``return 1``) one at a time for ``--seconds``; and, for
 context, the server's parallel ceiling: the same loop in every worker process at once. Two
 diagnostic 1-key runs (``--no-diagnostics`` skips them) show what two changes to the library
-would buy, without changing it: the guard without its per-run renewer thread (the flow's
+would buy, without changing it: the guard without its renewer (the flow's
 ``LeaseRenewer`` replaced by a no-op in the worker processes), and a handler that drains the
 queue itself with ``current_lease().take_signals(--take)``, many events per round trip.
 
@@ -234,7 +234,7 @@ class Config:
     kind: str  # "guarded", "ceiling" (one client) or "parallel" (every worker process)
     keys: int = 0
     take: int = 0  # guarded: the handler also drains with take_signals(take) (diagnostic)
-    threadless: bool = False  # guarded: no per-run renewer thread (diagnostic)
+    threadless: bool = False  # guarded: no renewer at all (diagnostic)
     seconds: list[float] = field(default_factory=list)
     ops: list[int] = field(default_factory=list)
     stats: list[dict[str, float]] = field(default_factory=list)  # guarded: per-event figures
@@ -574,7 +574,8 @@ def script_costs(bench: Bench, n: int = 1000) -> str:
 
 
 class _NoRenewer:
-    """Stands in for LeaseRenewer in the diagnostic drain: no thread at all."""
+    """Stands in for LeaseRenewer in the diagnostic drain: no thread and no renewal at all
+    (the guard starts one renewer per chain of inline runs; this shows what even that costs)."""
 
     def __init__(self, handle: Any, every_ms: int) -> None:
         pass
@@ -582,13 +583,19 @@ class _NoRenewer:
     def start(self) -> _NoRenewer:
         return self
 
+    def follow(self, handle: Any) -> None:
+        pass
+
+    def pause(self) -> None:
+        pass
+
     def stop(self) -> None:
         pass
 
 
 @contextmanager
 def no_renewer_thread() -> Iterator[None]:
-    """Diagnostic only: the guard's flow without its per-run renewer thread, in this process
+    """Diagnostic only: the guard's flow without its renewer, in this process
     (a patch of the module attribute the flow looks up; the library is not changed)."""
     from leaseguard.guard import flow
 
@@ -805,7 +812,7 @@ def profile_report(
         ("one trivial EVALSHA (the ceiling's unit)", lambda n: trivial_us(bench, n)),
         ("owner drains its queue inline (the library as it is)",
          lambda n: owner_drain_us(bench, n)),
-        ("the same without the per-run renewer thread (diagnostic patch)", threadless),
+        ("the same without any renewer (diagnostic patch)", threadless),
         ("bare `transfer_to_next` loop, no guard, no handler (the protocol's floor)",
          lambda n: bare_drain_us(bench, n)),
         ("a guarded call that forwards (default logger, stdout to /dev/null)",
@@ -1015,7 +1022,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
             if not args.no_diagnostics:
                 configs += [
-                    Config("(diagnostic) 1 key, no per-run renewer thread", "guarded", 1,
+                    Config("(diagnostic) 1 key, no renewer at all", "guarded", 1,
                            threadless=True),
                     Config(f"(diagnostic) 1 key, handler drains with take_signals({args.take})",
                            "guarded", 1, take=args.take),

@@ -180,7 +180,8 @@ class LeaseRenewer:
         with self._cond:
             self.handle = handle
             self._due = time.monotonic() + self.every_s
-            self._cond.notify_all()
+            # No notify: an idle thread wakes every period anyway, always before this due
+            # time, and waking it here would cost a context switch per run of a chain.
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name=f"leaseguard-renew-{handle.key[:32]}", daemon=True
@@ -220,7 +221,7 @@ class LeaseRenewer:
                 if self.handle is not None and now >= self._due:
                     self._renewing = self.handle
                     return self.handle
-                self._cond.wait(None if self.handle is None else self._due - now)
+                self._cond.wait(self.every_s if self.handle is None else self._due - now)
             return None
 
     def _run(self) -> None:
