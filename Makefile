@@ -77,7 +77,9 @@ soak: model-check
 bench: $(DEV_STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python bench/redis_ops.py
+	$(BIN)/python bench/hot_key.py
 	$(BIN)/python bench/dynamodb_requests.py
+	$(BIN)/python bench/import_time.py
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "leaseguard needs Python >= 3.11"'
