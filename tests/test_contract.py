@@ -47,11 +47,12 @@ def test_fresh_acquire(provider: BaseLeaseProvider) -> None:
 
 
 def test_same_owner_reacquire_refreshes_ttl_and_keeps_token(provider: BaseLeaseProvider) -> None:
-    first = provider.acquire_lease(KEY, "a", 400)
-    time.sleep(0.25)
-    again = provider.acquire_lease(KEY, "a", 400)
+    # 400 ms of margin either side: moto on a loaded machine can take a few hundred ms a call.
+    first = provider.acquire_lease(KEY, "a", 1_000)
+    time.sleep(0.6)
+    again = provider.acquire_lease(KEY, "a", 1_000)
     assert again == LeaseResult(True, "a", first.token)
-    time.sleep(0.25)  # past the first TTL, inside the refreshed one
+    time.sleep(0.6)  # past the first TTL, inside the refreshed one
     assert provider.get_lease_owner(KEY) == "a"
 
 
@@ -94,10 +95,10 @@ def test_release_of_free_key_is_harmless(provider: BaseLeaseProvider) -> None:
 
 
 def test_renew_extends(provider: BaseLeaseProvider) -> None:
-    held = provider.acquire_lease(KEY, "a", 400)
-    time.sleep(0.25)
-    assert provider.renew_lease(KEY, "a", 400) is True
-    time.sleep(0.25)
+    held = provider.acquire_lease(KEY, "a", 1_000)  # margins as in the re-acquire test
+    time.sleep(0.6)
+    assert provider.renew_lease(KEY, "a", 1_000) is True
+    time.sleep(0.6)
     assert provider.get_lease_owner(KEY) == "a"
     assert provider.inspect_key(KEY).token == held.token
 
@@ -128,13 +129,13 @@ def test_transfer_of_free_key_returns_false(provider: BaseLeaseProvider) -> None
 
 
 def test_transfer_moves_owner_refreshes_ttl_and_raises_token(provider: BaseLeaseProvider) -> None:
-    first = provider.acquire_lease(KEY, "a", 400)
-    time.sleep(0.25)
-    assert provider.transfer_lease(KEY, "a", "b", 400) is True
+    first = provider.acquire_lease(KEY, "a", 1_000)  # margins as in the re-acquire test
+    time.sleep(0.6)
+    assert provider.transfer_lease(KEY, "a", "b", 1_000) is True
     assert provider.get_lease_owner(KEY) == "b"
     after = provider.inspect_key(KEY)
     assert after.token is not None and first.token is not None and after.token > first.token
-    time.sleep(0.25)  # past a's original deadline
+    time.sleep(0.6)  # past a's original deadline
     assert provider.get_lease_owner(KEY) == "b"
     assert provider.acquire_lease(KEY, "a", TTL).acquired is False
 

@@ -187,8 +187,10 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
             state = self.model.inspect(rec, key, now)
         if not state.dead_letters or self._clock is not _monotonic_ms:
             return state
-        # Model times are monotonic; a dead letter's time is for people: epoch ms.
-        shift = time.time_ns() // 1_000_000 - now
+        # Model times are monotonic; a dead letter's time is for people: epoch ms. Rounded up
+        # from nanoseconds: two clocks floored to ms apart could put it a millisecond before
+        # the signal's own (wall-clock) enqueue time.
+        shift = -(-(time.time_ns() - time.monotonic_ns()) // 1_000_000)
         dead = tuple(replace(d, failed_at_ms=d.failed_at_ms + shift) for d in state.dead_letters)
         return replace(state, dead_letters=dead)
 
