@@ -234,9 +234,10 @@ def test_handler_three_times_the_ttl_keeps_its_lease(provider: BaseLeaseProvider
 
 
 def test_renewal_thread_is_joined_when_the_handler_raises(provider: BaseLeaseProvider) -> None:
-    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=300)
+    # A renewal runs during the handler (every 333 ms) with 600 ms of TTL left at its end.
+    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=1_000)
     def boom(event: Any, context: Any) -> None:
-        time.sleep(0.25)
+        time.sleep(0.4)
         raise ValueError("boom")
 
     with pytest.raises(ValueError, match="boom"):
