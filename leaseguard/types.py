@@ -216,9 +216,13 @@ SIGNAL_QUEUE_METHODS = (
 @runtime_checkable
 class QueueProvider(LeaseProvider, SignalQueue, Protocol):
     """A lease provider that also implements the signal queue (every built-in one does). Its
-    owner-side calls take the grant's fencing token (``token=``), renewals and releases too:
-    after a takeover the same owner id can hold a key again under a newer grant, and only the
-    token tells the two apart."""
+    owner-side calls take the grant's fencing token (``token=``), renewals too: after a
+    takeover the same owner id can hold a key again under a newer grant, and only the token
+    tells the two apart. A forward can carry its own queue bound (``max_queue=``, row Q8)."""
+
+    def acquire_or_enqueue(
+        self, key: str, signal: Signal, ttl_ms: int, *, max_queue: int | None = None
+    ) -> LeaseResult: ...
 
     def renew_lease(
         self, key: str, owner: str, ttl_ms: int, *, token: int | None = None

@@ -68,10 +68,12 @@ class Invocation:
         own = Signal(self.options.signal_id_fn(self.event, self.context), as_json(self.event))
         sent_at = time.monotonic()
         try:
+            # Without a bound of its own the call names none: a provider of another package
+            # need only implement SignalQueue's acquire_or_enqueue.
             if self.options.max_queue is None:
                 result = provider.acquire_or_enqueue(key, own, self.options.ttl_ms)
             else:
-                result = provider.acquire_or_enqueue(  # type: ignore[call-arg]
+                result = provider.acquire_or_enqueue(
                     key, own, self.options.ttl_ms, max_queue=self.options.max_queue
                 )
         except QueueFull as full:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -11,7 +10,7 @@ from leaseguard.errors import InvalidLeaseArgument, LeaseBackendError, LeaseLost
 from leaseguard.protocol.model import DEFAULT_MAX_QUEUE, Failure
 from leaseguard.providers.base import BaseLeaseProvider, new_nonce
 from leaseguard.signals import decode_signal
-from leaseguard.types import KeyState, LeaseResult, Signal
+from leaseguard.types import KeyState, LeaseResult, Signal, now_ms
 from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES
 
 from .codec import as_text, dead_letters, fence_arg, listed_signals, owning_signal
@@ -247,7 +246,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
         the lease itself, so a client clock a little off only delays or repeats a check."""
         import redis
 
-        now = time.time_ns() // 1_000_000
+        now = now_ms()
         try:
             if not self.cluster:
                 found = self.client.zrangebyscore(self._index_key(0), "-inf", now, 0, limit)
