@@ -95,6 +95,9 @@ class Side:
     jump_ms: int = 0  # expire by moving the clock this far (0: renew for 1 ms, wait 2 ms)
     tokens: dict[str, list[int]] = field(default_factory=dict)
     anomalies: list[str] = field(default_factory=list)
+    # What the side stores for a key that it should not, given the model's state of the key
+    # (None: the side's storage is not checked). See :func:`redis_storage`.
+    storage: Callable[[str, KeyState], list[str]] | None = None
 
     def rank(self, key: str, token: int | None) -> int | None:
         if token is None:
@@ -182,7 +185,47 @@ def redis_side(client: Any, name: str = "redis") -> Side:
     provider = RedisLeaseProvider(client, prefix=f"d{uuid.uuid4().hex[:10]}:")
     hook = ResendingRedis(client)
     provider.client = hook  # type: ignore[assignment]
-    return Side(name, provider, lambda ms: time.sleep((ms + 1) / 1000), hook)
+    return Side(
+        name,
+        provider,
+        lambda ms: time.sleep((ms + 1) / 1000),
+        hook,
+        storage=lambda key, want: redis_storage(provider, client, key, want),
+    )
+
+
+# The scripts' KEYS, in order (leaseguard/providers/lua/_prelude.lua).
+REDIS_KEY_ROLES = (
+    "lease", "queue", "signals", "inflight", "index", "done", "donetok", "attempts", "dead",
+    "state", "deadindex",
+)  # fmt: skip
+# Kept for as long as the key's state needs them, however long that is: queued and in-flight
+# work (with its attempts and the grant token in flight), dead letters and the halt flag.
+REDIS_UNBOUNDED = frozenset({"queue", "signals", "inflight", "attempts", "dead", "state"})
+
+
+def redis_storage(provider: Any, client: Any, key: str, want: KeyState) -> list[str]:
+    """What Redis holds for ``key`` that it should not: a key that never expires, other than
+    the work the model's state ``want`` still has (the lease, the done memory and their copies
+    always expire), and index entries for a key with nothing pending."""
+    keys = provider.redis_keys(key)
+    if len(keys) != len(REDIS_KEY_ROLES):
+        return [f"{len(keys)} Redis keys, the harness knows {len(REDIS_KEY_ROLES)}"]
+    idle = not (want.owner or want.queued or want.in_flight or want.dead_letters or want.halted)
+    pipe = client.pipeline(transaction=False)
+    for role, name in zip(REDIS_KEY_ROLES, keys, strict=True):
+        if role in ("index", "deadindex"):
+            pipe.zscore(name, key)
+        else:
+            pipe.pttl(name)
+    found = []
+    for role, got in zip(REDIS_KEY_ROLES, pipe.execute(), strict=True):
+        if role in ("index", "deadindex"):
+            if idle and got is not None:
+                found.append(f"{role} lists {key!r}, which has nothing pending")
+        elif got == -1 and (idle or role not in REDIS_UNBOUNDED):
+            found.append(f"{role} of {key!r} never expires ({'idle' if idle else 'busy'} key)")
+    return found
 
 
 class ResendingDynamoDB:
@@ -218,7 +261,33 @@ def dynamodb_side(table: str, client: Any, name: str = "dynamodb", **options: An
         hook = ResendingDynamoDB(client)
     advance = lambda ms: setattr(clock, "now", clock.now + ms)  # noqa: E731
     # TTL 10 s, expiry by a 10 s jump: 25 jumps stay inside the 300 s dedupe window
-    return Side(name, provider, advance, hook, ttl=10_000, jump_ms=10_002)
+    return Side(
+        name,
+        provider,
+        advance,
+        hook,
+        ttl=10_000,
+        jump_ms=10_002,
+        storage=lambda key, want: dynamodb_storage(table, client, key),
+    )
+
+
+def dynamodb_storage(table: str, client: Any, key: str) -> list[str]:
+    """Items of ``key`` that DynamoDB's TTL would never delete (every item carries ``ttl``:
+    a lease item from its first write, payload items while they are referenced and after)."""
+    pages = client.get_paginator("query").paginate(
+        TableName=table,
+        KeyConditionExpression="pk = :k",
+        ExpressionAttributeValues={":k": {"S": key}},
+        ProjectionExpression="sk, #ttl",
+        ExpressionAttributeNames={"#ttl": "ttl"},
+    )
+    return [
+        f"item {item['sk']['S']!r} of {key!r} has no ttl"
+        for page in pages
+        for item in page["Items"]
+        if "ttl" not in item
+    ]
 
 
 # -- normalising replies and states -------------------------------------------------------------
@@ -488,6 +557,12 @@ def run_sequence(
             if want_state != got_state:
                 found.append((f"state of {key}", want_state, got_state))
                 break
+        if not found and backend.storage is not None:
+            for key in keys:
+                kept = backend.storage(key, model.provider.inspect_key(key))
+                if kept:
+                    found.append((f"storage of {key}", ("ok", None), ("ok", kept[0])))
+                    break
         if not found and backend.anomalies:
             found.append(("token order", ("ok", None), ("ok", backend.anomalies[0])))
         if found:

@@ -445,6 +445,50 @@ def test_a_released_key_keeps_its_token_and_previous_owner(provider: RedisLeaseP
     assert again.token is not None and held.token is not None and again.token > held.token
 
 
+@pytest.mark.parametrize(
+    "steps",
+    [
+        pytest.param(("release",), id="acquire-release"),
+        pytest.param(("transfer", "release"), id="acquire-transfer-release"),
+        pytest.param(("transfer",), id="acquire-transfer-expire"),
+        pytest.param(("forward", "hand-off", "finish"), id="guarded-chain"),
+    ],
+)
+def test_a_finished_key_leaves_nothing_that_never_expires(
+    provider: RedisLeaseProvider, steps: tuple[str, ...]
+) -> None:
+    """Regression: a release (and a transfer) wrote the p/pt copy into a done memory that did
+    not exist yet, so every key ever released kept a hash with no expiry: memory grew with the
+    number of distinct keys. Once a key is idle every one of its Redis keys expires (the
+    differential suite checks this after every step: tests/differential.py redis_storage)."""
+    k = new_key()
+    held = provider.acquire_lease(k, "a", TTL)
+    owner, token = "a", held.token
+    for step in steps:
+        if step == "transfer":
+            assert provider.transfer_lease(k, owner, "b", TTL)
+            owner, token = "b", provider.inspect_key(k).token
+        elif step == "forward":
+            assert provider.acquire_or_enqueue(k, sig("s1"), TTL).position == 1
+        elif step == "hand-off":
+            head = provider.transfer_to_next(k, owner, TTL, token=token)
+            assert head is not None and head.id == "s1"
+            owner, token = "s1", head.token
+        elif step == "finish":
+            assert provider.transfer_to_next(k, owner, TTL, token=token) is None
+        else:
+            provider.release_lease(k, owner)
+    if steps[-1] == "transfer":
+        assert provider.renew_lease(k, owner, 1, token=token)
+        time.sleep(0.01)
+    assert provider.inspect_key(k).owner is None
+    client = provider.client
+    names = provider.redis_keys(k)
+    lasting = {name: client.pttl(name) for name in names if client.pttl(name) == -1}
+    assert lasting == {}
+    assert all(client.pttl(name) <= max(DEDUPE_WINDOW_MS, TOKEN_MEMORY_MS) for name in names)
+
+
 # -- reply shapes [Q6] [Q7] ---------------------------------------------------------------------
 
 

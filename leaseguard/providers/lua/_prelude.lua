@@ -14,7 +14,9 @@
 --                           ":<attempts>" after a failed entry whose count is not 0 (the
 --                           owner's own signal removed by [G6]: its retry resumes it); and field
 --                           '' (never an id) -> "<pt>:<p>": p/pt again, for [N4] after the lease
---                           hash expired with its owner (the model keeps p/pt then)
+--                           hash expired with its owner (the model keeps p/pt then); written
+--                           by a grant that names a previous owner, and kept at least
+--                           RELEASED_MEMORY_MS (a release writes none: its hash keeps p/pt)
 --   KEYS[8] attempts  hash id -> failed runs so far, for stored signals that failed (absent: 0)
 --   KEYS[9] dead      hash id -> JSON {n=order, r=stored signal, a=attempts, e=error, at=ms}:
 --                           the key's dead letters [G6]; n runs 1..HLEN in the order they died
@@ -115,6 +117,7 @@ local function grant(owner, ttl, claimed, previous, previous_token, last, nonce,
   redis.call('PEXPIRE', lease, ttl)
   if previous then
     redis.call('HSET', donetok, '', previous_token .. ':' .. previous)
+    redis.call('PEXPIRE', donetok, RELEASED_MEMORY_MS) -- never shorter than the done memory's
   else
     redis.call('HDEL', donetok, '')
   end
@@ -370,17 +373,20 @@ local function complete(owner, token, failure, mark_owner)
   redis.call('DEL', inflight)
 end
 
--- [G7] Released (not expired): the key keeps t and names the released grant in p/pt.
+-- [G7] Released (not expired): the key keeps t and names the released grant in p/pt. The
+-- hash outlives the model's memory of them, so no copy goes to the done memory (one there would
+-- be read only after the hash expired, and it made a donetok hash with no expiry on a key that
+-- had none).
 local function free(owner, token)
   redis.call('HDEL', lease, 'o', 'c', 'k', 'kn', 'w')
   redis.call('HSET', lease, 'p', owner, 'pt', token)
   redis.call('PEXPIRE', lease, RELEASED_MEMORY_MS)
-  redis.call('HSET', donetok, '', token .. ':' .. owner)
 end
 
 -- The model's prev/prev_token: from the lease hash (`p`, `pt` as read into `p`, `pt`), or,
--- when the hash expired with its owner, from their copy in the done memory (set with every
--- completion, which is when p/pt change, and kept as long as the completion is remembered).
+-- when the hash expired with its owner, from their copy in the done memory (set by every grant
+-- that names a previous owner, kept as long as the completion is remembered and at least
+-- RELEASED_MEMORY_MS).
 local function previous_owner(p, pt)
   if p then
     return p, pt

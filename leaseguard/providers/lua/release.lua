@@ -11,7 +11,6 @@ if redis.call('EXISTS', queue, inflight) == 0 then
   redis.call('HDEL', lease, 'o', 'c', 'k', 'kn', 'w')
   redis.call('HSET', lease, 'p', owner, 'pt', cur[2])
   redis.call('PEXPIRE', lease, RELEASED_MEMORY_MS)
-  redis.call('HSET', donetok, '', cur[2] .. ':' .. owner)
   return 1
 end
 -- @helpers

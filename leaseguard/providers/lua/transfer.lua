@@ -23,6 +23,7 @@ if not work then
   end
   redis.call('PEXPIRE', lease, ttl)
   redis.call('HSET', donetok, '', cur[3] .. ':' .. from)
+  redis.call('PEXPIRE', donetok, RELEASED_MEMORY_MS)
   return {1, token}
 end
 -- @helpers

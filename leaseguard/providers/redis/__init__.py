@@ -33,6 +33,12 @@ that hold dead letters are indexed the same way (``lg:deadindex``, on Cluster
 a halted key is left out of the orphan index until it is redriven (nothing may be granted from
 it).
 
+**Memory.** Every key expires except those that hold work: ``queue``, ``signals``,
+``inflight``, ``attempts``, ``state`` and ``dead`` live exactly as long as queued, in-flight
+or dead-lettered signals, or the halt, do. The lease hash expires with the lease (300 s after a
+release), ``done`` and ``donetok`` 300 s after the last completion (``donetok`` also 300 s after
+a grant that names a previous owner), so a key that falls idle leaves nothing behind.
+
 **Fencing tokens** are ``max(last token + 1, server clock in µs)`` (``TIME`` inside the
 script). The last token lives in the lease hash while the lease lives and for 300 s after a
 release (as long as the released owner is remembered as done); once the hash is gone (expired,
@@ -44,8 +50,10 @@ microsecond (each change is a separate script run).
 **Where Redis differs from the model.** The model keeps a key's record after its owner's lease
 *expired*; Redis expires the whole lease hash with the lease. The token after an expiry then
 comes from the clock alone (higher, never lower: only the values differ), and ``p``/``pt`` are
-read from their copy in the done memory (``donetok``), which lasts as long as the last
-completion is remembered (300 s) rather than as long as the model's record. What must outlive
+read from their copy in the done memory (``donetok``), which a grant naming a previous owner
+writes and which lasts at least 300 s after it, and as long as the last completion is remembered,
+rather than as long as the model's record (a release writes no copy: the released hash keeps
+``p``/``pt`` itself for those 300 s). What must outlive
 an expired lease lives in ``state``: the halted flag ``h``, and ``g``, the token of the grant
 whose signals are in flight (the model's ``t`` for row C4 after the grant's lease ran out).
 """
