@@ -395,3 +395,36 @@ def test_plain_acquire_does_not_inherit_a_dead_owners_signals(provider: BaseLeas
     provider.release_lease(KEY, "plain-owner")  # completes only what plain-owner received
     adopted = provider.adopt_orphans(TTL, 10)
     assert [(k, s.id) for k, s in adopted] == [(KEY, "s1")]  # delivered again, not lost
+
+
+def test_the_memory_provider_forgets_keys_that_fell_idle() -> None:
+    """Regression: a key that ever completed a signal (or whose owner's lease ran out unseen)
+    was never forgotten, so a warm process grew with every key it saw. Idle records go once the
+    model forgets them: the dedupe window after the last completion, the token memory after
+    the key fell idle."""
+    from leaseguard.protocol.model import DEDUPE_WINDOW_MS, TOKEN_MEMORY_MS
+    from leaseguard.providers.memory import InMemoryLeaseProvider
+
+    now = [0]
+    provider = InMemoryLeaseProvider(clock=lambda: now[0])
+    for i in range(1_500):
+        got = provider.acquire_or_enqueue(f"q{i}", Signal(f"s{i}", {}), 1_000)
+        assert provider.transfer_to_next(f"q{i}", f"s{i}", 1_000, token=got.token) is None
+        provider.acquire_lease(f"l{i}", "me", 1_000)  # never released: its lease runs out
+    provider.acquire_or_enqueue("busy", Signal("held", {}), 86_400_000)
+    provider.acquire_or_enqueue("busy", Signal("queued", {}), 86_400_000)
+    assert provider.tracked_keys() == 3_001
+    now[0] += DEDUPE_WINDOW_MS + TOKEN_MEMORY_MS
+    for _ in range(2_048):  # enough steps for a collection to run
+        provider.get_lease_owner("busy")
+    # the completed keys are gone; a lease that ran out unseen counts as idle from the
+    # collection that saw it
+    assert provider.tracked_keys() == 1_501
+    now[0] += TOKEN_MEMORY_MS
+    for _ in range(2_048):
+        provider.get_lease_owner("busy")
+    assert provider.tracked_keys() == 1  # the held key with work stays
+    state = provider.inspect_key("busy")
+    assert state.owner == "held" and [s.id for s in state.queued] == ["queued"]
+    # A forgotten key starts afresh: a completed id older than the window runs again.
+    assert provider.acquire_or_enqueue("q0", Signal("s0", {}), 1_000).acquired

@@ -66,12 +66,31 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
         now = int(self._clock())
         self._ops += 1
         if self._ops % _GC_EVERY == 0:
-            for idle in [k for k, r in self._keys.items() if r.forgettable(now)]:
-                del self._keys[idle]
+            self._forget_idle(now)
         rec = self._keys.get(key)
         if rec is None:
             rec = self._keys[key] = KeyRecord(idle_since=now)
         return rec, now
+
+    def _forget_idle(self, now: int) -> None:
+        """Drop the records the model has forgotten by ``now``. Each is observed first, as a
+        step on it would be: a record whose owner's lease ran out, or whose completed ids are
+        older than the dedupe window, is forgettable only once that is applied (without it a
+        key that ever completed a signal was kept for the life of the process)."""
+        idle = []
+        for key, rec in self._keys.items():
+            self.model.observe(rec, now)
+            if rec.forgettable(now):
+                idle.append(key)
+        for key in idle:
+            del self._keys[key]
+
+    def tracked_keys(self) -> int:
+        """How many keys' records this provider holds (idle ones are forgotten as the model
+        says: :attr:`~leaseguard.protocol.model.TOKEN_MEMORY_MS` after they fell idle, with no
+        completion remembered)."""
+        with self._lock:
+            return len(self._keys)
 
     def _index(self, key: str, rec: KeyRecord) -> None:
         if rec.has_work:
