@@ -218,13 +218,23 @@ def redis_storage(provider: Any, client: Any, key: str, want: KeyState) -> list[
             pipe.zscore(name, key)
         else:
             pipe.pttl(name)
+    role_of = dict(zip(REDIS_KEY_ROLES, keys, strict=True))
+    pipe.hkeys(role_of["signals"])
+    pipe.hkeys(role_of["attempts"])
+    replies = pipe.execute()
     found = []
-    for role, got in zip(REDIS_KEY_ROLES, pipe.execute(), strict=True):
+    for role, got in zip(REDIS_KEY_ROLES, replies[: len(REDIS_KEY_ROLES)], strict=True):
         if role in ("index", "deadindex"):
             if idle and got is not None:
                 found.append(f"{role} lists {key!r}, which has nothing pending")
         elif got == -1 and (idle or role not in REDIS_UNBOUNDED):
             found.append(f"{role} of {key!r} never expires ({'idle' if idle else 'busy'} key)")
+    # no garbage inside the unbounded keys either: only live signals are stored or counted
+    live = {s.id for s in want.queued} | set(want.in_flight)
+    for role, fields in zip(("signals", "attempts"), replies[len(REDIS_KEY_ROLES) :], strict=True):
+        stale = sorted({f.decode() for f in fields} - live)
+        if stale:
+            found.append(f"{role} of {key!r} keeps {stale}, neither queued nor in flight")
     return found
 
 
@@ -268,26 +278,35 @@ def dynamodb_side(table: str, client: Any, name: str = "dynamodb", **options: An
         hook,
         ttl=10_000,
         jump_ms=10_002,
-        storage=lambda key, want: dynamodb_storage(table, client, key),
+        storage=lambda key, want: dynamodb_storage(table, client, key, want),
     )
 
 
-def dynamodb_storage(table: str, client: Any, key: str) -> list[str]:
+def dynamodb_storage(table: str, client: Any, key: str, want: KeyState) -> list[str]:
     """Items of ``key`` that DynamoDB's TTL would never delete (every item carries ``ttl``:
-    a lease item from its first write, payload items while they are referenced and after)."""
+    a lease item from its first write, payload items while they are referenced and after), and
+    index entries the model's state ``want`` rules out: the orphan index (``gp``) for a halted
+    key, the dead-letter index (``gd``) for one with no dead letters. (A key released through
+    ``release_lease`` or ``transfer_lease`` with nothing pending may stay in the orphan index:
+    those writes do not pin the queue, so the sweeper's first visit removes the entry.)"""
     pages = client.get_paginator("query").paginate(
         TableName=table,
         KeyConditionExpression="pk = :k",
         ExpressionAttributeValues={":k": {"S": key}},
-        ProjectionExpression="sk, #ttl",
+        ProjectionExpression="sk, #ttl, gp, gd",
         ExpressionAttributeNames={"#ttl": "ttl"},
     )
-    return [
-        f"item {item['sk']['S']!r} of {key!r} has no ttl"
-        for page in pages
-        for item in page["Items"]
-        if "ttl" not in item
-    ]
+    found = []
+    for page in pages:
+        for item in page["Items"]:
+            what = f"item {item['sk']['S']!r} of {key!r}"
+            if "ttl" not in item:
+                found.append(f"{what} has no ttl")
+            if "gp" in item and want.halted:
+                found.append(f"{what} is halted but in the orphan index")
+            if "gd" in item and not want.dead_letters:
+                found.append(f"{what} is in the dead-letter index with no dead letter")
+    return found
 
 
 # -- normalising replies and states -------------------------------------------------------------
