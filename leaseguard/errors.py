@@ -61,16 +61,23 @@ class ConfigurationError(LeaseguardError, ValueError):
 
 
 class QueueFull(LeaseguardError):
-    """A forward was refused: the key's queue already holds ``limit`` signals (``max_queue``).
+    """A forward was refused: the key's queue already holds ``limit`` signals (``max_queue``),
+    or (DynamoDB) as many as its lease item has room for (``why`` says so).
 
     Nothing was stored. The guard answers API Gateway with 429 and reports an SQS record as a
     batch item failure, so the event comes back later; a direct caller should back off."""
 
-    def __init__(self, key: str, depth: int, limit: int, holder: str | None = None) -> None:
+    def __init__(
+        self, key: str, depth: int, limit: int, holder: str | None = None, why: str | None = None
+    ) -> None:
         self.key = key
         self.depth = depth
         self.limit = limit
         self.holder = holder
+        self.why = why
+        """Set when something other than ``max_queue`` bounds the queue (DynamoDB: the lease
+        item's size)."""
+        reason = f": {why}" if why else ""
         super().__init__(
-            f"queue of key {key!r} is full ({depth} signals queued; max_queue is {limit})"
+            f"queue of key {key!r} is full ({depth} signals queued; max_queue is {limit}){reason}"
         )

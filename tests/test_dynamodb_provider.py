@@ -729,3 +729,105 @@ def test_a_dead_lettered_large_payload_is_kept_redriven_and_run_whole(make: Make
     assert adopted[1].id == "large" and adopted[1].payload == signal.payload
     assert provider.transfer_to_next("k", "large", TTL, token=adopted[1].token) is None
     assert payload_sks(provider, "k") == {}
+
+
+# -- the lease item's size ----------------------------------------------------------------------
+
+LONG = "x" * 1000  # signal ids may be 1 KiB
+
+
+@pytest.fixture
+def small_items(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DynamoDB's item limit as 224 KiB for these tests. moto refuses an update when the item
+    before it plus the rewritten attribute after it pass ~405 KB (it counts that attribute
+    twice), so on moto a 400 KB budget fails near 240 KB when one list (here the dead letters)
+    holds most of the item, and the tests would measure moto. With this limit every item
+    stays where moto and DynamoDB agree; it also keeps the runs short (15-30 long ids)."""
+    from leaseguard.providers.dynamodb import schema
+
+    monkeypatch.setattr(schema, "ITEM_LIMIT_BYTES", 224 * 1024)
+
+
+def long_id(n: int) -> str:
+    return f"{n:04d}-{LONG}"
+
+
+def fill_until_refused(provider: DynamoDBLeaseProvider, key: str, first: int = 0) -> int:
+    """Forward long-id signals until one is refused; the refusal changes nothing."""
+    for n in range(first, first + 1_000):
+        before = raw_item(provider, key)
+        try:
+            provider.acquire_or_enqueue(key, Signal(long_id(n), {"n": n}), TTL)
+        except QueueFull as full:
+            assert full.why is not None and "DynamoDB's 400 KB item limit" in str(full)
+            assert full.depth < full.limit  # refused below max_queue, by size
+            assert raw_item(provider, key) == before
+            return n
+    raise AssertionError("never refused")
+
+
+@pytest.mark.usefixtures("small_items")
+def test_forwards_are_refused_before_the_lease_item_outgrows_dynamodb(make: Make) -> None:
+    """Regression: forwards with long ids grew the lease item until DynamoDB refused the append
+    (ValidationException, a LeaseBackendError), and then also the writes the key needs to make
+    progress: after its owner died, every adoption failed and the queue waited for the TTL.
+    Now a forward is refused with QueueFull while the item still has room for everything its
+    owner's writes may add; the dead owner's work is adopted and every queued signal runs."""
+    now = [time.time_ns() // 1_000_000]
+    provider = make(clock=lambda: now[0], clock_skew_ms=0)
+    first = provider.acquire_or_enqueue("k", Signal("owner", {}), TTL)
+    queued = fill_until_refused(provider, "k")
+    assert queued > 10
+    head = provider.transfer_to_next("k", "owner", TTL, token=first.token)
+    assert head is not None and head.id == long_id(0)
+    now[0] += TTL + 1  # the head's run dies with its lease
+    ((key, adopted),) = provider.adopt_orphans(TTL, 10)
+    assert (key, adopted.id, adopted.attempts) == ("k", long_id(0), 1)
+    ran, owner, token = [adopted.id], adopted.id, adopted.token
+    while True:  # every other run fails once and goes back to the head: the map `a` grows
+        failed = len(ran) % 2 == 1 and ran.count(owner) == 1
+        nxt = provider.transfer_to_next(
+            "k", owner, TTL, token=token, **({"error": "boom"} if failed else {})
+        )
+        if nxt is None:
+            break
+        ran.append(nxt.id)
+        owner, token = nxt.id, nxt.token
+    assert set(ran) == {long_id(n) for n in range(queued)}
+    state = provider.inspect_key("k")
+    assert (state.owner, state.queued, state.in_flight, state.dead_letters) == (None, (), (), ())
+
+
+@pytest.mark.usefixtures("small_items")
+def test_dead_letters_count_against_the_room_and_the_key_still_drains(make: Make) -> None:
+    """Regression: dead letters are listed on the lease item; a handler failing for long
+    enough filled it until the owner's completion was refused, and the key was stuck. They
+    now count against the room forwards may take: the key refuses forwards (QueueFull, which
+    names its dead letters), keeps completing, and drains once they are redriven."""
+    provider = make()
+    first = provider.acquire_or_enqueue("k", Signal("owner", {}), TTL)
+    owner, token, n = "owner", first.token, 0
+    while True:  # each forwarded signal fails at its first run and is dead-lettered
+        try:
+            provider.acquire_or_enqueue("k", Signal(long_id(n), {}), TTL)
+        except QueueFull as full:
+            assert full.why is not None and "dead letters" in full.why
+            break
+        nxt = provider.transfer_to_next("k", owner, TTL, token=token)
+        assert nxt is not None
+        owner, token = nxt.id, nxt.token
+        ended = provider.transfer_to_next("k", owner, TTL, token=token, error="x", max_attempts=1)
+        assert ended is None
+        again = provider.acquire_or_enqueue("k", Signal(f"next-{n}", {}), TTL)
+        assert again.acquired
+        owner, token, n = f"next-{n}", again.token, n + 1
+    assert n > 10 and len(provider.inspect_key("k").dead_letters) == n
+    assert provider.transfer_to_next("k", owner, TTL, token=token) is None  # still completes
+    assert provider.redrive("k") == n  # orphaned work now: the sweeper runs it
+    ((_, head),) = provider.adopt_orphans(TTL, 10)
+    owner, token, ran = head.id, head.token, [head.id]
+    while (nxt := provider.transfer_to_next("k", owner, TTL, token=token)) is not None:
+        ran.append(nxt.id)
+        owner, token = nxt.id, nxt.token
+    assert ran == [long_id(i) for i in range(n)]
+    assert provider.acquire_or_enqueue("k", Signal(long_id(n), {}), TTL).acquired  # room again

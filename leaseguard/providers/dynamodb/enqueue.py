@@ -90,17 +90,20 @@ def acquire_or_enqueue(
                 return granted
             lease = granted
             continue
-        if not known and len(lease.queue) >= max_queue:
-            # [Q8] the queue is at its bound: refused, nothing stored. The refusal just seen
-            # is the item as it stands and no write of this call references ``ref`` in it
-            # (each was refused, or it would show here as [Q7] / [Q3] / [Q5]), so its
-            # payload item, if it has one, is deleted: a refused forward leaves nothing.
+        bound = lease.queue_bound(me, ref, max_queue)
+        if not known and len(lease.queue) >= bound:
+            # [Q8] the queue is at its bound (max_queue, or what the item's size leaves):
+            # refused, nothing stored. The refusal just seen is the item as it stands and no
+            # write of this call references ``ref`` in it (each was refused, or it would show
+            # here as [Q7] / [Q3] / [Q5]), so its payload item, if it has one, is deleted: a
+            # refused forward leaves nothing.
             table.delete_signals(key, [ref])
-            raise QueueFull(key, len(lease.queue), max_queue, holder)
+            why = _why_full(lease) if bound < max_queue else None
+            raise QueueFull(key, len(lease.queue), max_queue, holder, why)
         ref = _fitted(table, key, lease, me, ref, record, now)
         resumed = (lease, resume) if resume else None
         if holder is not None:
-            appended = _append(table, key, me, ref, cutoff, max_queue, resumed=resumed)  # [Q2]
+            appended = _append(table, key, me, ref, cutoff, bound, resumed=resumed)  # [Q2]
             if isinstance(appended, LeaseResult):
                 return appended
             lease = appended
@@ -110,9 +113,7 @@ def acquire_or_enqueue(
             if lease.in_flight:
                 queued = _requeue_halted(table, key, lease, (me, ref), cutoff, resume)
             elif not known:
-                queued = _append(
-                    table, key, me, ref, cutoff, max_queue, halted=True, resumed=resumed
-                )
+                queued = _append(table, key, me, ref, cutoff, bound, halted=True, resumed=resumed)
             else:  # already queued, nothing in flight: nothing to write
                 queued = LeaseResult(False, None, None, position=lease.queue.index(me) + 1)
             if isinstance(queued, LeaseResult):
@@ -134,6 +135,18 @@ def acquire_or_enqueue(
             return LeaseResult(True, me, owner_signal.token, attempts=owner_signal.attempts)
         return LeaseResult(True, head, owner_signal.token, adopted=owner_signal)
     raise LeaseBackendError(f"acquire_or_enqueue on {key!r} did not settle")
+
+
+def _why_full(lease: Lease) -> str:
+    """Why the queue is full below max_queue: the lease item's size."""
+    why = (
+        f"its DynamoDB lease item holds {lease.size:,} bytes ({len(lease.queue)} queued,"
+        f" {len(lease.dead)} dead letters, {lease.done_size:,} bytes of completed ids), and"
+        " what its owner's writes may add must still fit in DynamoDB's 400 KB item limit"
+    )
+    if lease.dead:
+        return why + "; redriving or removing its dead letters makes room"
+    return why + "; shorter signal ids take less room"
 
 
 def _fitted(table: Table, key: str, lease: Lease, me: str, ref: str, record: str, now: int) -> str:

@@ -53,6 +53,19 @@ _GRANT_WRITES_BYTES = 112
 _GRANT_UNSEEN_BYTES = 160
 # What storing one more entry adds besides its id and ref (list overheads, ``gp``/``gx``).
 _ENTRY_BYTES = 32
+# DynamoDB refuses a write that would make an item larger than ITEM_LIMIT_BYTES. A forward is
+# the only write that grows the lease item at a caller's discretion; every other write moves
+# entries (queue -> in flight -> done or dead letters) or adds what the protocol cannot refuse:
+# attempt counts (``a``: one per stored signal, after a failure or a crash) and completed ids
+# (``d``, up to DONE_RESERVE_BYTES as stored, stale entries included, before a prune). So a
+# forward is refused ([Q8]) unless the item, with the entry and the attempt count it may later
+# get, still leaves room for those, and ITEM_MARGIN_BYTES for forwards racing with it (each
+# judges the snapshot it read) and the small fields. Without it, a key could reach the limit
+# and then refuse its owner's completion and every adoption: stuck, its queue lost to the TTL.
+ITEM_LIMIT_BYTES = 400 * 1024
+ITEM_MARGIN_BYTES = 48 * 1024
+DONE_RESERVE_BYTES = 128 * 1024
+_ATTEMPT_BYTES = 8  # an ``a`` entry besides its id: the count and the map's overheads
 
 # Every attribute name goes through ExpressionAttributeNames (``owner``, ``ttl`` and many short
 # words are reserved); requests include only the names their expressions use.
@@ -158,6 +171,7 @@ class Lease:
     index_at: int | None = None
     halted: bool = False
     size: int = 0
+    done_size: int = 0
 
     @classmethod
     def parse(cls, item: Mapping[str, Any] | None) -> Lease:
@@ -189,6 +203,7 @@ class Lease:
             index_at=number_of(item, "gx"),
             halted="h" in item,
             size=item_bytes(item),
+            done_size=_value_bytes(done) if done else 0,
         )
 
     def live_owner(self, owner: str, now: int) -> bool:
@@ -227,6 +242,21 @@ class Lease:
                 index = ids.index(signal_id)
                 return refs[index] if index < len(refs) else None
         return None
+
+    def queue_bound(self, signal_id: str, ref: str, max_queue: int) -> int:
+        """[Q8] The queue length below which a forward of ``signal_id`` (stored as ``ref``) may
+        append to this snapshot: ``max_queue``, or less where the lease item must keep room
+        for what its owner's writes may add (see ITEM_LIMIT_BYTES). Each further append is
+        reckoned at this one's size; the append's condition caps the queue at the bound, so
+        forwards racing on one snapshot cannot all take the room it shows."""
+        reserve = max(0, DONE_RESERVE_BYTES - self.done_size)
+        for sid in (*self.queue, *self.in_flight):
+            if sid not in self.attempts:
+                reserve += len(sid.encode("utf-8")) + _ATTEMPT_BYTES
+        me = len(signal_id.encode("utf-8"))
+        entry = me + len(ref.encode("utf-8")) + _ENTRY_BYTES + me + _ATTEMPT_BYTES
+        room = ITEM_LIMIT_BYTES - ITEM_MARGIN_BYTES - self.size - reserve
+        return min(max_queue, len(self.queue) + max(0, room // entry))
 
     def fits(self, signal_id: str, ref: str) -> bool:
         """Whether storing ``signal_id`` with an inline ``ref`` keeps this snapshot of the
