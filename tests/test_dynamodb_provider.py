@@ -831,3 +831,44 @@ def test_dead_letters_count_against_the_room_and_the_key_still_drains(make: Make
         owner, token = nxt.id, nxt.token
     assert ran == [long_id(i) for i in range(n)]
     assert provider.acquire_or_enqueue("k", Signal(long_id(n), {}), TTL).acquired  # room again
+
+
+# -- expressions that name list elements ---------------------------------------------------------
+
+
+def test_a_take_larger_than_one_write_takes_everything_in_order(make: Make) -> None:
+    """A take names each element it moves; one write names at most 64 (DynamoDB's 4 KB
+    expression limit, and moto's parser), so 100 take two writes, in order."""
+    provider = make()
+    first = provider.acquire_or_enqueue("k", Signal("owner", {}), TTL)
+    for n in range(100):
+        provider.acquire_or_enqueue("k", Signal(f"s{n}", {"n": n}), TTL)
+    taken = provider.take_signals("k", "owner", 200, token=first.token)
+    assert [s.id for s in taken] == [f"s{n}" for n in range(100)]
+    assert [s.payload["n"] for s in taken] == list(range(100))
+
+
+def test_a_queue_whose_payloads_expired_still_hands_off(make: Make) -> None:
+    """Regression: a queue that waited past its payloads' retention (a halted key left for a
+    week) made the hand-off name every gone entry ahead of the first stored one in one
+    expression: past DynamoDB's 4 KB it was refused on every try, and the key was stuck. The
+    gone entries now leave in batches first."""
+    provider = make()
+    first = provider.acquire_or_enqueue("k", Signal("owner", {}), 10 * TTL)
+    pad = "x" * 1200  # too big to be stored inline: each has a payload item
+    for n in range(100):
+        provider.acquire_or_enqueue("k", Signal(f"s{n}", {"n": n, "pad": pad}), TTL)
+    refs = [v["S"] for v in raw_item(provider, "k")["qn"]["L"]][:98]
+    for at in range(0, len(refs), 25):  # what DynamoDB's TTL does to them, 25 a request
+        gone = [{"pk": {"S": "k"}, "sk": {"S": f"sig#{ref}"}} for ref in refs[at : at + 25]]
+        provider.client.batch_write_item(
+            RequestItems={provider.table_name: [{"DeleteRequest": {"Key": k}} for k in gone]}
+        )
+    head = provider.transfer_to_next("k", "owner", TTL, token=first.token)
+    assert head is not None and (head.id, head.payload["n"]) == ("s98", 98)
+    last = provider.transfer_to_next("k", head.id, TTL, token=head.token)
+    assert last is not None and last.id == "s99"
+    assert provider.transfer_to_next("k", last.id, TTL, token=last.token) is None
+    state = provider.inspect_key("k")
+    assert (state.owner, state.queued, state.in_flight) == (None, (), ())
+    assert "a" not in raw_item(provider, "k")  # no attempt counts left for the gone ones

@@ -25,6 +25,7 @@ from .expressions import (
     COMPLETE_UPDATE,
     DEAD_LETTER_SETS,
     DONE_ELEMENT,
+    GONE_AHEAD_SETS,
     HALT_SET,
     MARK_DEAD_UPDATE,
     PAYLOAD_EXISTS,
@@ -45,6 +46,10 @@ from .expressions import (
 )
 from .io import ConditionFailed, Retry, Table
 from .schema import SIGNAL_SK_PREFIX, Lease, attribute_value, inline_record, is_inline
+
+# At most this many gone queue entries are named in one write: an UpdateExpression is limited
+# to 4 KB (``#q[99], #qn[99]`` is 15 characters). As for takes (take.py), 64 rather than ~200.
+_GONE_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,9 @@ def complete(
                     _put_at_head(sets, values, rest)
             else:
                 upto = head_at - len(back)
+                if upto > _GONE_BATCH:
+                    # more gone entries ahead of the head than one expression can name
+                    return _drop_gone(table, key, lease, owner, now)
                 removes += [QUEUE_ELEMENT.format(index=i) for i in range(upto + 1)]
             sets += THEN_NEXT_SETS
             values.update(
@@ -214,6 +222,31 @@ def complete(
             table, key, [*lease.done, *(attribute_value(e) for e in batch), {"N": str(mark)}], now
         )
     return result
+
+
+def _drop_gone(table: Table, key: str, lease: Lease, owner: str, now: int) -> Retry:
+    """The first _GONE_BATCH queued entries, whose payloads are gone (TTL), leave the queue
+    (with their attempt counts), conditional on the snapshot; the completion then starts
+    again from a fresh read. Before, a queue that waited past the payloads' retention made the
+    completion's expression name every gone entry: over DynamoDB's 4 KB, refused every time."""
+    gone = set(lease.queue[:_GONE_BATCH])
+    attempts = {sid: n for sid, n in lease.attempts.items() if sid not in gone}
+    values: dict[str, object] = {}
+    condition = lease.pinned(COMPLETE_CONDITION, values)
+    values.update({":me": owner, ":now": now, ":tok": lease.token, ":v": new_nonce()})
+    sets = list(GONE_AHEAD_SETS)
+    removes = [QUEUE_ELEMENT.format(index=i) for i in range(_GONE_BATCH)]
+    if attempts:
+        sets.append(ATTEMPTS_SET)
+        values[":a"] = attempts
+    else:
+        removes.append(ATTEMPTS)
+    update = COMPLETE_UPDATE.format(sets=", ".join(sets), removes=", ".join(removes))
+    try:
+        table.update(key, update, condition, values)
+    except ConditionFailed as failed:
+        return Retry(failed.lease)
+    return Retry()
 
 
 def _put_at_head(sets: list[str], values: dict[str, Any], items: Sequence[tuple[str, str]]) -> None:

@@ -205,6 +205,9 @@ THEN_HALTED_REMOVES = ("#o", "#c", "#f", "#fn", "#gp", "#gx")
 # [N1] nothing with a payload queued: released, out of the orphan index
 THEN_RELEASED_SETS = ("#ttl = :ttl",)
 THEN_RELEASED_REMOVES = ("#o", "#c", "#f", "#fn", "#q", "#qn", "#gp", "#gx")
+# [N2] [N3] too many gone entries (payloads past their TTL) ahead of the head for one
+# expression: the first batch of them leaves first (QUEUE_ELEMENT), with their attempt counts
+GONE_AHEAD_SETS = ("#v = :v",)
 # [N2] [N3] the head owns the key, claimed or not ([G3] nonce None, prev = :me); queued entries
 # it passed are removed by index (QUEUE_ELEMENT)
 THEN_NEXT_SETS = (

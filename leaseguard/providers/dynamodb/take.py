@@ -23,8 +23,10 @@ from .expressions import (
 from .io import ConditionFailed, Retry, Table
 from .schema import OPTIMISTIC_ATTEMPTS, Lease, strings_of
 
-# A take moves at most this many signals per write: an UpdateExpression is limited to 4 KB.
-_TAKE_BATCH = 100
+# A take moves at most this many signals per write: an UpdateExpression is limited to 4 KB,
+# which would allow about 200; 64 because moto's expression parser recurses once per element
+# and fails past about 70 under Python's default recursion limit, and the tests run on moto.
+_TAKE_BATCH = 64
 
 
 def take(table: Table, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]:
