@@ -798,12 +798,17 @@ def test_forwards_are_refused_before_the_lease_item_outgrows_dynamodb(make: Make
     assert (state.owner, state.queued, state.in_flight, state.dead_letters) == (None, (), (), ())
 
 
-@pytest.mark.usefixtures("small_items")
-def test_dead_letters_count_against_the_room_and_the_key_still_drains(make: Make) -> None:
+def test_dead_letters_count_against_the_room_and_the_key_still_drains(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Regression: dead letters are listed on the lease item; a handler failing for long
     enough filled it until the owner's completion was refused, and the key was stuck. They
     now count against the room forwards may take: the key refuses forwards (QueueFull, which
     names its dead letters), keeps completing, and drains once they are redriven."""
+    from leaseguard.providers.dynamodb import schema
+
+    # as small_items, smaller still: about 20 dead letters of 1 KiB ids fill the room
+    monkeypatch.setattr(schema, "ITEM_LIMIT_BYTES", 200 * 1024)
     provider = make()
     first = provider.acquire_or_enqueue("k", Signal("owner", {}), TTL)
     owner, token, n = "owner", first.token, 0
