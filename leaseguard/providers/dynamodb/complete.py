@@ -204,12 +204,7 @@ def complete(
                 }
             )
             result = decode_signal(head, stored, new_token, attempts.get(head, 0))
-    if attempts:
-        sets.append(ATTEMPTS_SET)
-        values[":a"] = attempts
-    else:
-        removes.append(ATTEMPTS)
-    update = COMPLETE_UPDATE.format(sets=", ".join(sets), removes=", ".join(removes))
+    update = _update(sets, removes, values, attempts)
     try:
         table.update(key, update, condition, values)
     except ConditionFailed as failed:
@@ -234,19 +229,26 @@ def _drop_gone(table: Table, key: str, lease: Lease, owner: str, now: int) -> Re
     values: dict[str, object] = {}
     condition = lease.pinned(COMPLETE_CONDITION, values)
     values.update({":me": owner, ":now": now, ":tok": lease.token, ":v": new_nonce()})
-    sets = list(GONE_AHEAD_SETS)
     removes = [QUEUE_ELEMENT.format(index=i) for i in range(_GONE_BATCH)]
-    if attempts:
-        sets.append(ATTEMPTS_SET)
-        values[":a"] = attempts
-    else:
-        removes.append(ATTEMPTS)
-    update = COMPLETE_UPDATE.format(sets=", ".join(sets), removes=", ".join(removes))
+    update = _update(list(GONE_AHEAD_SETS), removes, values, attempts)
     try:
         table.update(key, update, condition, values)
     except ConditionFailed as failed:
         return Retry(failed.lease)
     return Retry()
+
+
+def _update(
+    sets: list[str], removes: list[str], values: dict[str, object], attempts: Mapping[str, int]
+) -> str:
+    """COMPLETE_UPDATE of ``sets`` and ``removes``, with the attempt counts written whole
+    (``a`` removed when none is left)."""
+    if attempts:
+        sets.append(ATTEMPTS_SET)
+        values[":a"] = attempts
+    else:
+        removes.append(ATTEMPTS)
+    return COMPLETE_UPDATE.format(sets=", ".join(sets), removes=", ".join(removes))
 
 
 def _put_at_head(sets: list[str], values: dict[str, Any], items: Sequence[tuple[str, str]]) -> None:
