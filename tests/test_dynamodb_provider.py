@@ -25,6 +25,8 @@ from leaseguard.errors import InvalidLeaseArgument, QueueFull
 from leaseguard.providers.dynamodb import INLINE, ITEM_RECORD_BYTES, DynamoDBLeaseProvider
 from leaseguard.testing import DynamoDBServer, free_port
 
+from .differential import ResendingDynamoDB
+
 TTL = 10_000
 Make = Callable[..., DynamoDBLeaseProvider]
 
@@ -877,3 +879,44 @@ def test_a_queue_whose_payloads_expired_still_hands_off(make: Make) -> None:
     state = provider.inspect_key("k")
     assert (state.owner, state.queued, state.in_flight) == (None, (), ())
     assert "a" not in raw_item(provider, "k")  # no attempt counts left for the gone ones
+
+
+def test_events_that_run_alone_and_fail_are_refused_once_their_dead_letters_fill_the_key(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: an event on a free key is granted by a blind write, which never saw the
+    item; events that each ran alone and failed added a dead letter apiece until the key was
+    stuck. With many dead letters the grant is judged by the snapshot: refused (QueueFull)
+    when no room is left, granted (once, a lost reply recognised) while there is."""
+    from leaseguard.providers.dynamodb import enqueue, schema
+
+    monkeypatch.setattr(schema, "ITEM_LIMIT_BYTES", 200 * 1024)
+    monkeypatch.setattr(enqueue, "BLIND_DEAD_LETTERS", 4)
+    provider = make()
+    resend = ResendingDynamoDB(provider.client)
+    n = 0
+    while True:
+        resend.twice = n == 6  # past the blind grant: every write sent twice (a lost reply)
+        try:
+            own = provider.acquire_or_enqueue("k", Signal(long_id(n), {}), TTL)
+        except QueueFull as full:
+            assert full.why is not None and "dead letters" in full.why
+            break
+        finally:
+            resend.twice = False
+        assert own.acquired and own.owner == long_id(n)
+        assert provider.inspect_key("k").in_flight == (long_id(n),)  # granted once
+        ended = provider.transfer_to_next(
+            "k", long_id(n), TTL, token=own.token, error="x", max_attempts=1
+        )
+        assert ended is None
+        n += 1
+    assert n > 6 and len(provider.inspect_key("k").dead_letters) == n
+    assert provider.redrive("k") == n  # room again once they run
+    ((_, head),) = provider.adopt_orphans(TTL, 10)
+    owner, token, ran = head.id, head.token, [head.id]
+    while (nxt := provider.transfer_to_next("k", owner, TTL, token=token)) is not None:
+        ran.append(nxt.id)
+        owner, token = nxt.id, nxt.token
+    assert ran == [long_id(i) for i in range(n)]
+    assert provider.acquire_or_enqueue("k", Signal("after", {}), TTL).acquired

@@ -26,6 +26,7 @@ from .expressions import (
     FORGET_UPDATE,
     GRANT_FREE_CONDITION,
     GRANT_FREE_UPDATE,
+    GRANT_PINNED_UPDATE,
     GRANT_RESUMED_CONDITION,
     GRANT_RESUMED_UPDATE,
     REQUEUE_HALTED_CONDITION,
@@ -82,9 +83,14 @@ def acquire_or_enqueue(
             return LeaseResult(False, holder, token, position=position)
         if holder is None and not lease.pending and not lease.halted:
             ref = _fitted(table, key, lease, me, ref, record, now)
-            if not resume:
+            if not resume and len(lease.dead) < BLIND_DEAD_LETTERS:
                 lease = None  # free and idle again: [Q1] once more
                 continue
+            # A failed run's retry resumes its count, and a key with many dead letters may
+            # have no room left (they fill its item as forwards do): by the snapshot.
+            if lease.queue_bound(me, ref, max_queue) < 1:
+                table.delete_signals(key, [ref])
+                raise QueueFull(key, 0, max_queue, None, _why_full(lease))
             granted = _grant_resumed(table, key, lease, me, ref, ttl_ms, nonce, resume, now, cutoff)
             if isinstance(granted, LeaseResult):
                 return granted
@@ -137,6 +143,12 @@ def acquire_or_enqueue(
     raise LeaseBackendError(f"acquire_or_enqueue on {key!r} did not settle")
 
 
+# With this many dead letters or more, a key's blind grant ([Q1]) refuses, and the grant is
+# made from the snapshot after the item's room is judged (see schema.ITEM_LIMIT_BYTES): else a
+# key whose events run alone and keep failing would add dead letters until it was stuck.
+BLIND_DEAD_LETTERS = 64
+
+
 def _why_full(lease: Lease) -> str:
     """Why the queue is full below max_queue: the lease item's size."""
     why = (
@@ -145,7 +157,7 @@ def _why_full(lease: Lease) -> str:
         " what its owner's writes may add must still fit in DynamoDB's 400 KB item limit"
     )
     if lease.dead:
-        return why + "; redriving or removing its dead letters makes room"
+        return why + "; redriving its dead letters (once their cause is fixed) makes room"
     return why + "; shorter signal ids take less room"
 
 
@@ -185,6 +197,7 @@ def _grant_free(
                 ":shard": table.shard(key),
                 ":ttl": table.ttl(now + ttl_ms),
                 ":cutoff": cutoff,
+                ":xfew": BLIND_DEAD_LETTERS,
             },
             returns="UPDATED_NEW",
         )
@@ -207,8 +220,9 @@ def _grant_resumed(
 ) -> LeaseResult | Lease:
     """[Q1] for a retry of an own event whose run failed (its done entry, seen in the
     snapshot ``lease``, carries ``attempts``): as :func:`_grant_free`, and its stored
-    attempts resume the count. Conditional on the snapshot (version, queue length);
-    otherwise the item as it stands (ALL_OLD)."""
+    attempts resume the count; with ``attempts`` 0, on a key whose dead letters made the
+    blind grant refuse. Conditional on the snapshot (version, queue length); otherwise the
+    item as it stands (ALL_OLD)."""
     version = new_nonce()
     values: dict[str, object] = {}
     condition = lease.pinned(GRANT_RESUMED_CONDITION, values)
@@ -227,11 +241,14 @@ def _grant_resumed(
             ":shard": table.shard(key),
             ":ttl": table.ttl(now + ttl_ms),
             ":cutoff": cutoff,
-            ":a": {me: attempts},
         }
     )
+    update = GRANT_PINNED_UPDATE
+    if attempts:
+        update = GRANT_RESUMED_UPDATE
+        values[":a"] = {me: attempts}
     try:
-        attrs = table.update(key, GRANT_RESUMED_UPDATE, condition, values, returns="UPDATED_NEW")
+        attrs = table.update(key, update, condition, values, returns="UPDATED_NEW")
     except ConditionFailed as failed:
         if failed.lease.version == version:  # a botocore resend of this grant, applied
             return LeaseResult(True, me, failed.lease.token, attempts=attempts)

@@ -86,8 +86,11 @@ GRANT_FREE_UPDATE = (
 GRANT_FREE_CONDITION = (
     f"{TAKEOVER} AND {NOTHING_PENDING} AND attribute_not_exists(#h)"
     " AND NOT contains(#d, :me) AND NOT contains(#d, :tag)"
-    " AND NOT contains(#x, :me)"
+    " AND NOT contains(#x, :me) AND (attribute_not_exists(#x) OR size(#x) < :xfew)"
 )
+# [Q1] when the blind grant refused for the dead letters alone (:xfew or more, so the item's
+# room is judged first, on the snapshot): the same grant, pinned to that snapshot
+GRANT_PINNED_UPDATE = GRANT_FREE_UPDATE
 # [Q1] for a retry of an own event whose run failed: its attempts (:a) resume the count;
 # pinned to the snapshot that showed them
 GRANT_RESUMED_UPDATE = (
