@@ -374,9 +374,9 @@ local function complete(owner, token, failure, mark_owner)
 end
 
 -- [G7] Released (not expired): the key keeps t and names the released grant in p/pt. The
--- hash outlives the model's memory of them, so no copy goes to the done memory (one there would
--- be read only after the hash expired, and it made a donetok hash with no expiry on a key that
--- had none).
+-- hash keeps them for RELEASED_MEMORY_MS, as long as the model remembers them, so no copy goes
+-- to the done memory (one there would be read only after the hash expired, and writing it made
+-- a donetok hash with no expiry on a key that had none).
 local function free(owner, token)
   redis.call('HDEL', lease, 'o', 'c', 'k', 'kn', 'w')
   redis.call('HSET', lease, 'p', owner, 'pt', token)
