@@ -8,6 +8,7 @@ about time, so nothing here sleeps or depends on how fast anything is.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -920,3 +921,36 @@ def test_events_that_run_alone_and_fail_are_refused_once_their_dead_letters_fill
         owner, token = nxt.id, nxt.token
     assert ran == [long_id(i) for i in range(n)]
     assert provider.acquire_or_enqueue("k", Signal("after", {}), TTL).acquired
+
+
+def test_the_guard_answers_a_full_dynamodb_key_with_429_and_the_reason(
+    make: Make, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """End to end: API Gateway gets 429 naming why a key with room for fewer than max_queue
+    refused the event, the operator's log line says it too, and nothing is stored."""
+    import logging
+
+    from leaseguard import lease_owned
+    from leaseguard.providers.dynamodb import schema
+    from leaseguard.testing import LambdaContext
+
+    from .test_guard import http_event
+
+    monkeypatch.setattr(schema, "ITEM_LIMIT_BYTES", 200 * 1024)
+    provider = make()
+    provider.acquire_or_enqueue("t", Signal("holder", {}), 10 * TTL)
+    refused_at = fill_until_refused(provider, "t")
+    handler = lease_owned(
+        lambda e: e["pathParameters"]["threadId"],
+        provider=provider,
+        logger=logging.getLogger("leaseguard-test"),
+    )(lambda event, context: {"statusCode": 200})
+    before = raw_item(provider, "t")
+    with caplog.at_level(logging.WARNING, logger="leaseguard-test"):
+        answer = handler(http_event("t", "more"), LambdaContext(aws_request_id=long_id(10_000)))
+    body = json.loads(answer["body"])["leaseguard"]
+    assert answer["statusCode"] == 429
+    assert (body["depth"], body["max_queue"]) == (refused_at, 1_000)
+    assert "DynamoDB's 400 KB item limit" in body["reason"]
+    assert any("reason=" in r.getMessage() and "400 KB" in r.getMessage() for r in caplog.records)
+    assert raw_item(provider, "t") == before

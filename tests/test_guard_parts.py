@@ -102,6 +102,10 @@ def test_refusals_are_http_for_api_gateway_and_errors_elsewhere() -> None:
     assert json.loads(answer["body"])["leaseguard"]["max_queue"] == 5
     with pytest.raises(QueueFull):
         queue_full(SQS_RECORD, full)
+    assert "reason" not in json.loads(answer["body"])["leaseguard"]
+    by_size = QueueFull("k", 0, 1000, why="its DynamoDB lease item holds 300,000 bytes")
+    body = json.loads(queue_full(API_EVENT, by_size)["body"])["leaseguard"]
+    assert (body["depth"], body["max_queue"], body["reason"]) == (0, 1000, by_size.why)
     large = PayloadTooLarge(7 * 2**20, 6 * 2**20)
     assert too_large(API_EVENT, large)["statusCode"] == 413
     with pytest.raises(PayloadTooLarge):

@@ -85,6 +85,7 @@ class Invocation:
                 lease_holder=full.holder,
                 queue_depth=full.depth,
                 max_queue=full.limit,
+                **({"reason": full.why} if full.why else {}),
             )
             return responses.queue_full(self.event, full)
         except PayloadTooLarge as large:

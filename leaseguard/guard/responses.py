@@ -57,15 +57,15 @@ def queue_full(event: Any, full: QueueFull) -> Any:
     record then becomes a batch item failure and comes back later)."""
     if not is_api_gateway(event):
         raise full
-    body = {
-        "leaseguard": {
-            "status": "queue full",
-            "key": full.key,
-            "depth": full.depth,
-            "max_queue": full.limit,
-        }
+    answer: dict[str, Any] = {
+        "status": "queue full",
+        "key": full.key,
+        "depth": full.depth,
+        "max_queue": full.limit,
     }
-    return http(429, body, {"retry-after": "1"})
+    if full.why:  # full below max_queue (DynamoDB: the lease item's size)
+        answer["reason"] = full.why
+    return http(429, {"leaseguard": answer}, {"retry-after": "1"})
 
 
 def too_large(event: Any, large: PayloadTooLarge) -> Any:
