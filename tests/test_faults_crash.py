@@ -65,15 +65,18 @@ def backend(request: pytest.FixtureRequest) -> ProviderConfig:
 
 @dataclass
 class Reruns:
-    """Runs of an event beyond its first, each explained by a kill (``unexplained`` lists the
-    rest, which must be none). One kill can explain up to two: leaseguard delivers again what
-    the dead owner held in flight, and the platform retries the killed invocation's own event,
-    which runs again if by then it had completed elsewhere (a signal id is deduplicated while it
-    is queued or in flight, not forever)."""
+    """Runs of an event beyond its first, each explained by a kill or by a run that saw its
+    lease expire (``unexplained`` lists the rest, which must be none). One kill can explain up
+    to two: leaseguard delivers again what the dead owner held in flight, and the platform
+    retries the killed invocation's own event, which runs again if by then it had completed
+    elsewhere (a signal id is deduplicated while it is queued or in flight, not forever). A run
+    that ended with ``lease.lost`` (a renewal slower than the 600 ms TTL on a loaded machine)
+    leaves its events to be delivered again, as invariant d allows."""
 
     killed_mid_handler: int = 0  # its handler was killed while running it
     completed_not_committed: int = 0  # it had completed; its owner was killed before handing off
     retried_by_platform: int = 0  # the platform's retry of the killed invocation ran it again
+    after_lost_lease: int = 0  # a run of it ended having lost its lease (it expired)
     completed_twice: int = 0  # events whose work completed more than once
     unexplained: list[str] = field(default_factory=list)
 
@@ -84,6 +87,8 @@ def account_for_reruns(records: list[dict[str, Any]]) -> Reruns:
     killed = {r["inv"] for r in kills}
     retried = Counter(r["event"] for r in kills if r["kind"] == "event")
     finished = {(r["run"], r["event"]) for r in records if r["type"] == "handled"}
+    lost_runs = {r["run"] for r in records if r["type"] == "end" and r["lost"]}
+    lapsed = Counter(r["event"] for r in records if r["type"] == "begin" and r["run"] in lost_runs)
     begun: Counter[str] = Counter()
     completed: Counter[str] = Counter()
     cut_short: Counter[str] = Counter()  # runs of the event that a kill interrupted
@@ -103,15 +108,18 @@ def account_for_reruns(records: list[dict[str, Any]]) -> Reruns:
     reruns = Reruns()
     for event, runs in begun.items():
         extra = runs - 1
-        budget = cut_short[event] + committed_late[event] + retried[event]
+        budget = cut_short[event] + committed_late[event] + retried[event] + lapsed[event]
         if extra > budget:
-            reruns.unexplained.append(f"{event}: began {runs} times, {budget} kills explain")
-        if completed[event] > 1 + committed_late[event] + retried[event]:
+            reruns.unexplained.append(
+                f"{event}: began {runs} times, {budget} kills and lost leases explain"
+            )
+        if completed[event] > 1 + committed_late[event] + retried[event] + lapsed[event]:
             reruns.unexplained.append(f"{event}: completed {completed[event]} times")
         for kind, available in (
             ("killed_mid_handler", cut_short[event]),
             ("completed_not_committed", committed_late[event]),
             ("retried_by_platform", retried[event]),
+            ("after_lost_lease", lapsed[event]),
         ):
             used = min(extra, available)
             setattr(reruns, kind, getattr(reruns, kind) + used)
@@ -131,8 +139,11 @@ def test_owners_killed_mid_burst_lose_nothing(backend: ProviderConfig) -> None:
         kill_rate=KILL_RATE,
         # moto takes tens of ms a request, far more on a loaded machine: a renewal slower than
         # the TTL would let a live owner's lease lapse (the limit fencing tokens cover, which
-        # the checker reports as an overlap), and that is not what this test is about.
-        ttl_ms=2_000 if dynamodb else 600,
+        # the checker reports as an overlap, or as a duplicate when the lapse shows only at the
+        # hand-off), and that is not what this test is about. Redis had 600 ms: on a slow VM
+        # under make test's load Redis Cluster then saw such duplicates in most runs, at
+        # bea9090 as after it.
+        ttl_ms=2_000 if dynamodb else 1_500,
         sweep_every_ms=100,
         drain=2,
         seed=11,
@@ -146,7 +157,7 @@ def test_owners_killed_mid_burst_lose_nothing(backend: ProviderConfig) -> None:
     events = [e["id"] for e in result.events]
     assert min(report.handled[e] for e in events) >= 1  # every event was handled
     reruns = account_for_reruns(result.records)
-    assert reruns.unexplained == []  # every second run is explained by a kill
+    assert reruns.unexplained == [], reruns  # every second run: a kill or an expired lease
     assert 0 < reruns.killed_mid_handler <= result.kills  # a kill interrupts one run
     statuses = Counter(r["status"] for r in result.records if r["type"] == "invoke")
     assert statuses["error"] == 0
@@ -155,6 +166,7 @@ def test_owners_killed_mid_burst_lose_nothing(backend: ProviderConfig) -> None:
         f"{len(events)} events, {result.kills} kills, {result.adopted} adopted by the sweeper; "
         f"ran again: {reruns.killed_mid_handler} killed mid-handler, "
         f"{reruns.completed_not_committed} completed before their owner was killed, "
-        f"{reruns.retried_by_platform} by the platform's retry of a killed invocation "
+        f"{reruns.retried_by_platform} by the platform's retry of a killed invocation, "
+        f"{reruns.after_lost_lease} after a run lost its lease "
         f"({reruns.completed_twice} events completed more than once)"
     )
