@@ -755,6 +755,16 @@ def long_id(n: int) -> str:
     return f"{n:04d}-{LONG}"
 
 
+def run_orphans(provider: DynamoDBLeaseProvider, key: str) -> list[str]:
+    """What the sweeper adopts on ``key``, then every hand-off after it, run in order."""
+    ((_, head),) = provider.adopt_orphans(TTL, 10)
+    owner, token, ran = head.id, head.token, [head.id]
+    while (nxt := provider.transfer_to_next(key, owner, TTL, token=token)) is not None:
+        ran.append(nxt.id)
+        owner, token = nxt.id, nxt.token
+    return ran
+
+
 def fill_until_refused(provider: DynamoDBLeaseProvider, key: str, first: int = 0) -> int:
     """Forward long-id signals until one is refused; the refusal changes nothing."""
     for n in range(first, first + 1_000):
@@ -832,12 +842,7 @@ def test_dead_letters_count_against_the_room_and_the_key_still_drains(
     assert n > 10 and len(provider.inspect_key("k").dead_letters) == n
     assert provider.transfer_to_next("k", owner, TTL, token=token) is None  # still completes
     assert provider.redrive("k") == n  # orphaned work now: the sweeper runs it
-    ((_, head),) = provider.adopt_orphans(TTL, 10)
-    owner, token, ran = head.id, head.token, [head.id]
-    while (nxt := provider.transfer_to_next("k", owner, TTL, token=token)) is not None:
-        ran.append(nxt.id)
-        owner, token = nxt.id, nxt.token
-    assert ran == [long_id(i) for i in range(n)]
+    assert run_orphans(provider, "k") == [long_id(i) for i in range(n)]
     assert provider.acquire_or_enqueue("k", Signal(long_id(n), {}), TTL).acquired  # room again
 
 
@@ -914,12 +919,7 @@ def test_events_that_run_alone_and_fail_are_refused_once_their_dead_letters_fill
         n += 1
     assert n > 6 and len(provider.inspect_key("k").dead_letters) == n
     assert provider.redrive("k") == n  # room again once they run
-    ((_, head),) = provider.adopt_orphans(TTL, 10)
-    owner, token, ran = head.id, head.token, [head.id]
-    while (nxt := provider.transfer_to_next("k", owner, TTL, token=token)) is not None:
-        ran.append(nxt.id)
-        owner, token = nxt.id, nxt.token
-    assert ran == [long_id(i) for i in range(n)]
+    assert run_orphans(provider, "k") == [long_id(i) for i in range(n)]
     assert provider.acquire_or_enqueue("k", Signal("after", {}), TTL).acquired
 
 

@@ -91,7 +91,7 @@ def acquire_or_enqueue(
             if lease.queue_bound(me, ref, max_queue) < 1:
                 table.delete_signals(key, [ref])
                 raise QueueFull(key, 0, max_queue, None, _why_full(lease))
-            granted = _grant_resumed(table, key, lease, me, ref, ttl_ms, nonce, resume, now, cutoff)
+            granted = _grant_pinned(table, key, lease, me, ref, ttl_ms, nonce, resume, now, cutoff)
             if isinstance(granted, LeaseResult):
                 return granted
             lease = granted
@@ -183,20 +183,8 @@ def _grant_free(
             GRANT_FREE_UPDATE,
             GRANT_FREE_CONDITION,
             {
-                ":me": me,
+                **_grant_values(table, key, me, ref, ttl_ms, nonce, new_nonce(), now, cutoff),
                 ":tag": resume_tag(me),
-                ":exp": now + ttl_ms,
-                ":floor": now * 1000,
-                ":one": 1,
-                ":zero": 0,
-                ":true": True,
-                ":w": nonce,
-                ":v": new_nonce(),
-                ":f": [me],
-                ":fn": [ref],
-                ":shard": table.shard(key),
-                ":ttl": table.ttl(now + ttl_ms),
-                ":cutoff": cutoff,
                 ":xfew": BLIND_DEAD_LETTERS,
             },
             returns="UPDATED_NEW",
@@ -206,7 +194,36 @@ def _grant_free(
     return LeaseResult(True, me, number_of(attrs, "t"))
 
 
-def _grant_resumed(
+def _grant_values(
+    table: Table,
+    key: str,
+    me: str,
+    ref: str,
+    ttl_ms: int,
+    nonce: str,
+    version: str,
+    now: int,
+    cutoff: int,
+) -> dict[str, object]:
+    """The values of a [Q1] grant of ``me`` (stored as ``ref``), blind or pinned."""
+    return {
+        ":me": me,
+        ":exp": now + ttl_ms,
+        ":floor": now * 1000,
+        ":one": 1,
+        ":zero": 0,
+        ":true": True,
+        ":w": nonce,
+        ":v": version,
+        ":f": [me],
+        ":fn": [ref],
+        ":shard": table.shard(key),
+        ":ttl": table.ttl(now + ttl_ms),
+        ":cutoff": cutoff,
+    }
+
+
+def _grant_pinned(
     table: Table,
     key: str,
     lease: Lease,
@@ -218,31 +235,15 @@ def _grant_resumed(
     now: int,
     cutoff: int,
 ) -> LeaseResult | Lease:
-    """[Q1] for a retry of an own event whose run failed (its done entry, seen in the
-    snapshot ``lease``, carries ``attempts``): as :func:`_grant_free`, and its stored
-    attempts resume the count; with ``attempts`` 0, on a key whose dead letters made the
-    blind grant refuse. Conditional on the snapshot (version, queue length); otherwise the
-    item as it stands (ALL_OLD)."""
+    """[Q1] from the snapshot ``lease``: for a retry of an own event whose run failed (its
+    done entry carries ``attempts``, which its stored attempts resume), or, with ``attempts``
+    0, on a key whose dead letters made the blind grant refuse. As :func:`_grant_free`,
+    conditional on the snapshot (version, queue length); otherwise the item as it stands
+    (ALL_OLD)."""
     version = new_nonce()
     values: dict[str, object] = {}
     condition = lease.pinned(GRANT_RESUMED_CONDITION, values)
-    values.update(
-        {
-            ":me": me,
-            ":exp": now + ttl_ms,
-            ":floor": now * 1000,
-            ":one": 1,
-            ":zero": 0,
-            ":true": True,
-            ":w": nonce,
-            ":v": version,
-            ":f": [me],
-            ":fn": [ref],
-            ":shard": table.shard(key),
-            ":ttl": table.ttl(now + ttl_ms),
-            ":cutoff": cutoff,
-        }
-    )
+    values.update(_grant_values(table, key, me, ref, ttl_ms, nonce, version, now, cutoff))
     update = GRANT_PINNED_UPDATE
     if attempts:
         update = GRANT_RESUMED_UPDATE
