@@ -127,6 +127,7 @@ def _insider(
     key: str,
     transfers: int,
     ttl_ms: int,
+    warm_attempts: int,
     started: Any,
     stop: Any,
     stats: SynchronizedArray[int],
@@ -138,7 +139,12 @@ def _insider(
         if not provider.acquire_lease(key, owner, ttl_ms).acquired:
             raise RuntimeError("insider could not take the key at the start")
         started.set()
-        time.sleep(0.2)  # let the outsiders start hammering
+        # Let the outsiders start hammering: each builds its client first (a Cluster client
+        # discovers the nodes), which on a loaded machine took longer than a fixed 0.2 s sleep,
+        # and the whole chain then ran before they tried at all.
+        deadline = time.monotonic() + 30
+        while stats[3] < warm_attempts and time.monotonic() < deadline:
+            time.sleep(0.01)
         for i in range(1, transfers + 1):
             nxt = f"insider-{i}"
             if provider.transfer_lease(key, owner, nxt, ttl_ms):
@@ -200,7 +206,8 @@ def transfer_race(
     assert isinstance(stats, SynchronizedArray)
     procs = [
         _CTX.Process(
-            target=_insider, args=(config, key, transfers, ttl_ms, started, stop, stats, errors)
+            target=_insider,
+            args=(config, key, transfers, ttl_ms, 5 * outsiders, started, stop, stats, errors),
         )
     ]
     procs += [
