@@ -20,6 +20,11 @@ DEMO_STAMP := $(VENV)/.installed-demo
 PYTEST_WORKERS ?= 3
 CHECK_JOBS ?= 4
 
+# Python's bytecode caches on: a machine that sets PYTHONDONTWRITEBYTECODE (these do) would have
+# every one of the hundreds of Python processes make test starts (pytest workers, simulated
+# Lambda workers, CLI runs, sam) compile leaseguard, the tests, boto3 and moto from source again.
+unexport PYTHONDONTWRITEBYTECODE
+
 test:
 	@$(MAKE) --no-print-directory -j2 $(DEV_STAMP) $(SAM_STAMP)
 	@$(MAKE) --no-print-directory -j$(CHECK_JOBS) --output-sync=target checks
