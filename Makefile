@@ -101,8 +101,10 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 	$(call install,$(VENV),-e '.[dev]')
 	touch $@
 
+# A variable, because $(call) would split its arguments at the comma.
+DEMO_EXTRAS := embedded,cli
 $(DEMO_STAMP): pyproject.toml | $(BIN)/python
-	$(call install,$(VENV),-e '.[embedded,cli]')
+	$(call install,$(VENV),-e '.[$(DEMO_EXTRAS)]')
 	touch $@
 
 clean:
