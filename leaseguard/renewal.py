@@ -105,6 +105,13 @@ class LeaseHandle:
         return self.lost
 
     @property
+    def valid_until(self) -> float:
+        """The :func:`time.monotonic` time until which this grant is certainly held: its TTL
+        counted from when the grant, or the last renewal that succeeded, was *sent*. After it,
+        another invocation may hold the key (a lapse, which ``lost`` then reports)."""
+        return self._valid_until
+
+    @property
     def remaining_ms(self) -> int:
         """Time until the lease would expire as far as this process knows: measured from when
         the last successful renewal was *sent*, so it never overstates the backend's TTL."""

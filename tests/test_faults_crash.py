@@ -30,7 +30,7 @@ import pytest
 
 from leaseguard.config import ProviderConfig
 from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
-from leaseguard.simulate.checker import check
+from leaseguard.simulate.checker import check, lapses_from
 from leaseguard.simulate.engine import Simulation, SimulationConfig
 from leaseguard.testing import RedisClusterServers
 
@@ -70,13 +70,14 @@ class Reruns:
     to two: leaseguard delivers again what the dead owner held in flight, and the platform
     retries the killed invocation's own event, which runs again if by then it had completed
     elsewhere (a signal id is deduplicated while it is queued or in flight, not forever). A run
-    that ended with ``lease.lost`` (a renewal slower than the 600 ms TTL on a loaded machine)
-    leaves its events to be delivered again, as invariant d allows."""
+    whose grant lapsed (a renewal slower than the TTL on a loaded machine, found by a renewal, at
+    the run's end or at its hand-off) leaves its events to be delivered again, as invariant d
+    allows."""
 
     killed_mid_handler: int = 0  # its handler was killed while running it
     completed_not_committed: int = 0  # it had completed; its owner was killed before handing off
     retried_by_platform: int = 0  # the platform's retry of the killed invocation ran it again
-    after_lost_lease: int = 0  # a run of it ended having lost its lease (it expired)
+    after_lost_lease: int = 0  # a run of it lost its lease (the grant lapsed)
     completed_twice: int = 0  # events whose work completed more than once
     unexplained: list[str] = field(default_factory=list)
 
@@ -87,7 +88,10 @@ def account_for_reruns(records: list[dict[str, Any]]) -> Reruns:
     killed = {r["inv"] for r in kills}
     retried = Counter(r["event"] for r in kills if r["kind"] == "event")
     finished = {(r["run"], r["event"]) for r in records if r["type"] == "handled"}
-    lost_runs = {r["run"] for r in records if r["type"] == "end" and r["lost"]}
+    lapsed = lapses_from(records)  # grants found lost: by a renewal, at the end or the hand-off
+    lost_runs = {
+        r["run"] for r in records if r["type"] == "start" and (r["key"], r["token"]) in lapsed
+    }
     lapsed = Counter(r["event"] for r in records if r["type"] == "begin" and r["run"] in lost_runs)
     begun: Counter[str] = Counter()
     completed: Counter[str] = Counter()

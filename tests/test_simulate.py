@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 import pytest
+from rich.console import Console
 
+from leaseguard.cli.simulate_cmd import _print_summary, _print_verdict
 from leaseguard.config import ProviderConfig
 from leaseguard.contract import LeaseResult
 from leaseguard.providers.memory import InMemoryLeaseProvider
@@ -82,6 +85,70 @@ class Reorders(InMemoryLeaseProvider):
                 queue = self._keys[key].queue
                 queue.insert(0, queue.pop())  # jump the queue
         return result
+
+
+class LateRenewals(InMemoryLeaseProvider):
+    """A correct provider on an overloaded machine: every eighth renewal arrives after the lease
+    ran out (the renewer's thread was not scheduled in time)."""
+
+    def __init__(self, late_s: float) -> None:
+        super().__init__()
+        self.late_s = late_s
+        self.renewals = 0
+
+    def _renew(self, key: str, owner: str, ttl_ms: int, token: int | None = None) -> bool:
+        self.renewals += 1
+        if self.renewals % 8 == 0:
+            time.sleep(self.late_s)
+        return super()._renew(key, owner, ttl_ms, token)
+
+
+class RevokesLeases(InMemoryLeaseProvider):
+    """Broken: every fourth forward onto a held key first cuts the owner's live lease to 1 ms
+    and grants the key anew, while the owner still certainly holds it by its own renewals."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forwards = 0
+
+    def _acquire_or_enqueue(
+        self, key: str, signal: Signal, record: str, ttl_ms: int, max_queue: int
+    ) -> LeaseResult:
+        held = self.inspect_key(key)
+        if held.owner is not None and held.owner != signal.id:
+            self.forwards += 1
+            if self.forwards % 4 == 0:
+                self._renew(key, held.owner, 1, held.token)
+                time.sleep(0.002)
+        return super()._acquire_or_enqueue(key, signal, record, ttl_ms, max_queue)
+
+
+def test_lapsed_leases_are_told_apart_from_double_grants() -> None:
+    """Renewals later than the TTL let leases lapse: the runs after them overlap the stale
+    owner's and re-run its events, as docs/safety.md allows, and the checker counts that apart.
+    The same lapse forced by a provider while the owner still held the lease is a violation."""
+    lapsing = dict(drain=0, ttl_ms=100, work_ms=(20, 60), invocations=80, seed=5)
+    result, report = simulate(LateRenewals(late_s=0.25), **lapsing)
+    assert report.ok, report.violations  # type: ignore[attr-defined]
+    assert report.lapsed_grants > 0  # type: ignore[attr-defined]
+    after_lapse = report.overlaps_after_lapse + report.reruns_after_lapse  # type: ignore[attr-defined]
+    assert after_lapse > 0, report  # the lapses had consequences the checker had to explain
+    assert min(report.handled[e["id"]] for e in result.events) >= 1  # type: ignore[attr-defined]
+    summary = summarize(result, report)  # type: ignore[arg-type]
+    assert summary.lapsed_leases == report.lapsed_grants  # type: ignore[attr-defined]
+    console = Console(record=True, width=120)
+    _print_summary(console, summary)
+    _print_verdict(console, report, result)
+    shown = console.export_text()
+    assert "leases lapsed (renewal later than the TTL)" in shown
+    assert "re-runs after a lapse (explained)" in shown
+    assert f"{report.lapsed_grants} lease(s) lapsed" in shown  # type: ignore[attr-defined]
+    assert "re-runs only after kills or lapsed leases" in shown
+
+    # (a second simulation in this process: its workers' log must not be the first one's)
+    _, revoked = simulate(RevokesLeases(), drain=0, ttl_ms=200, work_ms=(10, 30), seed=5)
+    assert revoked.lapsed_grants > 0  # type: ignore[attr-defined]  # the owners saw it...
+    assert revoked.by_kind()["overlap"] > 0, revoked.violations  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

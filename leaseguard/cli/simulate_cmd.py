@@ -183,12 +183,31 @@ def _print_summary(console: Any, summary: Any) -> None:
         ("throughput", f"{summary.throughput_per_s} events/s"),
         ("wall time", f"{summary.wall_s} s"),
     ]
+    if summary.lapsed_leases:
+        at = rows.index(("leases lost", summary.lease_lost)) + 1
+        rows[at:at] = [
+            ("leases lapsed (renewal later than the TTL)", summary.lapsed_leases),
+            ("overlaps after a lapse (explained)", summary.overlaps_after_lapse),
+            ("re-runs after a lapse (explained)", summary.reruns_after_lapse),
+        ]
     for name, value in rows:
         table.add_row(name, str(value))
     console.print(table)
 
 
 def _print_verdict(console: Any, report: Any, result: Any) -> None:
+    if report.ok and result.quiesced and report.lapsed_grants:
+        console.print(
+            "[bold green]verified[/]: never two owners of a key while a lease was certainly held, "
+            "fencing tokens strictly increasing, every event handled at least once (re-runs only "
+            "after kills or lapsed leases), forwarded events in arrival order"
+        )
+        console.print(
+            f"[yellow]{report.lapsed_grants} lease(s) lapsed[/]: a renewal came later than the "
+            "TTL (an overloaded machine, or a TTL too short for it). What ran after a lapse is "
+            "what the protocol allows (docs/safety.md); a longer --ttl-ms avoids it."
+        )
+        return
     if report.ok and result.quiesced:
         console.print(
             "[bold green]verified[/]: never two owners of a key at once, fencing tokens "

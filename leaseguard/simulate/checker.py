@@ -6,11 +6,18 @@ system-wide clock, so timestamps from different processes compare directly.
 
 Invariants, per key:
 
-1. **Mutual exclusion**: handler runs (one per lease grant) never overlap in time.
+1. **Mutual exclusion**: handler runs (one per lease grant) never overlap in time, unless the
+   earlier run's grant *lapsed*: it was found lost (its handle's ``on_lost``) and the later run
+   started after the time until which the earlier grant was certainly held (its
+   ``valid_until``: the TTL from the last renewal sent that succeeded). That is the documented
+   limit (a renewal later than the TTL, as on an overloaded machine; docs/safety.md), counted
+   apart; an overlap with a grant that was still certainly held is a double grant.
 2. **Fencing**: in start order, each run's token is strictly greater than the previous run's.
 3. **Exactly once**: every event's work completed exactly once. With kills on, an event may
    complete more than once only if a killed invocation had touched it (ran it, took it, or
-   it was that invocation's own event): those duplicates are counted as *explained*.
+   it was that invocation's own event): those duplicates are counted as *explained*. An
+   event handled by a grant that lapsed may run again (invariant d of docs/protocol.md), once
+   that grant's ``valid_until`` has passed: counted apart too.
 4. **FIFO**: of two forwarded events, if the first was queued (its invocation returned) before
    the second's invocation began, the first started before the second.
 5. **Nothing left behind**: no event is unhandled when the run ends.
@@ -20,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +61,9 @@ class CheckReport:
     handled: Counter[str] = field(default_factory=Counter)
     explained_duplicates: int = 0
     killed_invocations: int = 0
+    lapsed_grants: int = 0  # grants found lost after they were certainly held
+    overlaps_after_lapse: int = 0
+    reruns_after_lapse: int = 0
 
     @property
     def ok(self) -> bool:
@@ -99,16 +109,53 @@ def runs_from(records: Iterable[Record]) -> list[RunInfo]:
     return runs
 
 
+def lapses_from(records: Iterable[Record]) -> dict[tuple[str, int], int]:
+    """For every grant (key, token) that was found lost: the ``time.monotonic_ns()`` until which
+    it was certainly held (the latest its records report). A grant missing here never lapsed."""
+    valid_until: dict[tuple[str, int], int] = {}
+    token_of: dict[str, tuple[str, int]] = {}
+    lost: set[tuple[str, int]] = set()
+    reports: list[tuple[tuple[str, int], int]] = []
+    for rec in records:
+        if rec["type"] == "start" and rec.get("token") is not None:
+            token_of[rec["run"]] = (rec["key"], rec["token"])
+    for rec in records:
+        grant = None
+        if rec["type"] == "lost" and rec.get("token") is not None:
+            grant = (rec["key"], rec["token"])
+            lost.add(grant)
+        elif rec["type"] == "end" and rec["run"] in token_of:
+            grant = token_of[rec["run"]]
+            if rec.get("lost"):
+                lost.add(grant)
+        if grant is not None and rec.get("valid_until") is not None:
+            reports.append((grant, int(rec["valid_until"])))
+    for grant, until in reports:
+        if grant in lost:
+            valid_until[grant] = max(valid_until.get(grant, until), until)
+    return valid_until
+
+
 def check(records: list[Record], expected_events: Iterable[str]) -> CheckReport:
     report = CheckReport()
     runs = runs_from(records)
     report.runs = runs
+    lapsed = lapses_from(records)
+    report.lapsed_grants = len(lapsed)
+
+    def lapsed_before(run: RunInfo, stamp: int) -> bool:
+        """Whether ``run``'s grant lapsed and was no longer certainly held at ``stamp``."""
+        until = lapsed.get((run.key, run.token)) if run.token is not None else None
+        return until is not None and until <= stamp
+
     by_key: dict[str, list[RunInfo]] = defaultdict(list)
     for run in runs:
         by_key[run.key].append(run)
     for key, key_runs in by_key.items():
         for before, after in itertools.pairwise(key_runs):
-            if after.start < before.end:
+            if after.start < before.end and lapsed_before(before, after.start):
+                report.overlaps_after_lapse += 1
+            elif after.start < before.end:
                 report.violations.append(
                     Violation(
                         "overlap",
@@ -140,10 +187,14 @@ def check(records: list[Record], expected_events: Iterable[str]) -> CheckReport:
     handled: Counter[str] = Counter()
     first_start: dict[str, int] = {}
     event_key: dict[str, str] = {}
+    run_of = {run.run: run for run in runs}
+    handlers: dict[str, list[RunInfo]] = defaultdict(list)  # the runs that completed each event
     for rec in records:
         if rec["type"] == "handled":
             handled[rec["event"]] += 1
             event_key[rec["event"]] = rec["key"]
+            if rec.get("run") in run_of:
+                handlers[rec["event"]].append(run_of[rec["run"]])
         elif rec["type"] == "begin":
             stamp = rec["t"]
             first_start[rec["event"]] = min(first_start.get(rec["event"], stamp), stamp)
@@ -157,6 +208,8 @@ def check(records: list[Record], expected_events: Iterable[str]) -> CheckReport:
         elif count > 1:
             if event in touched_by_killed:
                 report.explained_duplicates += count - 1
+            elif _reruns_follow_lapses(handlers[event], lapsed_before, count):
+                report.reruns_after_lapse += count - 1
             else:
                 report.violations.append(
                     Violation(
@@ -201,3 +254,17 @@ def _fifo_violations(key: str, recs: list[Record], first_start: dict[str, int]) 
                 )
             )
     return found
+
+
+def _reruns_follow_lapses(
+    runs: list[RunInfo], lapsed_before: Callable[[RunInfo, int], bool], count: int
+) -> bool:
+    """Whether each completion of an event after its first ran in a run that started once an
+    earlier run that completed it had lapsed (its grant found lost and no longer held)."""
+    if len(runs) != count:
+        return False  # a completion whose run is unknown explains nothing
+    ordered = sorted(runs, key=lambda r: r.start)
+    return all(
+        any(lapsed_before(earlier, later.start) for earlier in ordered[:i])
+        for i, later in enumerate(ordered[1:], start=1)
+    )

@@ -24,6 +24,9 @@ class Summary:
     lease_lost: int
     kills: int
     explained_duplicates: int
+    lapsed_leases: int
+    overlaps_after_lapse: int
+    reruns_after_lapse: int
     handled: int
     wait_p50_ms: float
     wait_p99_ms: float
@@ -85,6 +88,9 @@ def summarize(result: SimulationResult, report: CheckReport) -> Summary:
         lease_lost=sum(1 for r in records if r["type"] == "end" and r.get("lost")),
         kills=result.kills,
         explained_duplicates=report.explained_duplicates,
+        lapsed_leases=report.lapsed_grants,
+        overlaps_after_lapse=report.overlaps_after_lapse,
+        reruns_after_lapse=report.reruns_after_lapse,
         handled=handled,
         wait_p50_ms=round(_percentile(waits, 50), 1),
         wait_p99_ms=round(_percentile(waits, 99), 1),

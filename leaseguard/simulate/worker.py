@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from leaseguard.guard import lease_owned
 from leaseguard.providers.base import BaseLeaseProvider
-from leaseguard.renewal import current_lease
+from leaseguard.renewal import LeaseHandle, current_lease
 from leaseguard.testing.context import LambdaContext
 
 from .config import Delivery, Record, SimulationConfig
@@ -47,10 +47,14 @@ class _FileRecorder:
         record.setdefault("pid", self.pid)
         line = json.dumps(record, separators=(",", ":"))
         with self._lock:
-            self._file.write(line + "\n")
+            # A renewer thread can outlive the run it served (a renewal still in flight when
+            # the simulation ended): what it reports then comes after the log was read.
+            if not self._file.closed:
+                self._file.write(line + "\n")
 
     def close(self) -> None:
-        self._file.close()
+        with self._lock:
+            self._file.close()
 
 
 class _RecordingLogHandler(logging.Handler):
@@ -117,6 +121,21 @@ def _make_handler(
             }
         )
 
+    def lost(handle: LeaseHandle) -> None:
+        # When a grant is found lost (by a renewal, at the end of its run, or at its hand-off)
+        # and until when it was certainly held: the checker tells a lapse from a double grant.
+        recorder.write(
+            {
+                "type": "lost",
+                "key": handle.key,
+                "owner": handle.owner,
+                "token": handle.token,
+                "t": time.monotonic_ns(),
+                "valid_until": int(handle.valid_until * 1e9),
+                "inv": _INVOCATION.get(None),  # None in the renewer's thread
+            }
+        )
+
     @lease_owned(
         lambda e: e["key"],
         provider=provider,
@@ -125,6 +144,7 @@ def _make_handler(
         lambda_client=invoker,
         logger=logger,
         max_attempts=config.max_attempts,
+        on_lost=lost,
     )
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         lease = current_lease()
@@ -157,7 +177,15 @@ def _make_handler(
                 )
             for signal_ in taken:
                 work(signal_.payload, run)
-        recorder.write({"type": "end", "run": run, "t": time.monotonic_ns(), "lost": lease.lost})
+        recorder.write(
+            {
+                "type": "end",
+                "run": run,
+                "t": time.monotonic_ns(),
+                "lost": lease.lost,
+                "valid_until": int(lease.valid_until * 1e9),
+            }
+        )
         return {"ran": event["id"]}
 
     return handler
@@ -183,7 +211,10 @@ def worker_loop(
     logger = logging.getLogger(f"leaseguard.simulate.worker{worker}")
     logger.propagate = False
     logger.setLevel(logging.WARNING)
-    logger.addHandler(_RecordingLogHandler(recorder))
+    log_handler = _RecordingLogHandler(recorder)
+    # removed when the loop ends: the logger is found by name by the next simulation in this
+    # process, which must not write to this one's closed log
+    logger.addHandler(log_handler)
     rng = random.Random(config.seed * 1000 + worker + os.getpid())
     invoker = _PoolInvoker(lambda kind, body: outbox.put(("submit", kind, body)))
     handler = _make_handler(provider, config, recorder, invoker, rng, logger)
@@ -233,6 +264,7 @@ def worker_loop(
             current[worker] = -1
             outbox.put(("done", delivery.index, status))
     finally:
+        logger.removeHandler(log_handler)
         recorder.close()
 
 
