@@ -61,7 +61,7 @@ class CheckReport:
     handled: Counter[str] = field(default_factory=Counter)
     explained_duplicates: int = 0
     killed_invocations: int = 0
-    lapsed_grants: int = 0  # grants found lost after they were certainly held
+    lapsed_grants: int = 0  # grants found lost (by a renewal, at their run's end or hand-off)
     overlaps_after_lapse: int = 0
     reruns_after_lapse: int = 0
 

@@ -24,7 +24,6 @@ class Summary:
     lease_lost: int
     kills: int
     explained_duplicates: int
-    lapsed_leases: int
     overlaps_after_lapse: int
     reruns_after_lapse: int
     handled: int
@@ -85,10 +84,9 @@ def summarize(result: SimulationResult, report: CheckReport) -> Summary:
         handed_off_by_invoke=by_invoke,
         drained_by_owner=sum(len(r["events"]) for r in records if r["type"] == "take"),
         adopted_orphans=result.adopted + adopted_on_arrival,
-        lease_lost=sum(1 for r in records if r["type"] == "end" and r.get("lost")),
+        lease_lost=report.lapsed_grants,  # found by a renewal, at a run's end or its hand-off
         kills=result.kills,
         explained_duplicates=report.explained_duplicates,
-        lapsed_leases=report.lapsed_grants,
         overlaps_after_lapse=report.overlaps_after_lapse,
         reruns_after_lapse=report.reruns_after_lapse,
         handled=handled,
