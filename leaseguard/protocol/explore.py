@@ -140,14 +140,13 @@ class Explorer(Client):
         result = Result()
         first = self.initial()
         ttl = self.b.ttl
-        seen: dict[tuple[Any, ...], tuple[tuple[Any, ...] | None, str]] = {
-            first.key(ttl, self.keys): (None, "")
-        }
-        frontier = deque([first])
+        first_key = first.key(ttl, self.keys)
+        seen: dict[tuple[Any, ...], tuple[tuple[Any, ...] | None, str]] = {first_key: (None, "")}
+        # each world waits with its key, computed once when it was first reached
+        frontier = deque([(first, first_key)])
         while frontier:
-            w = frontier.popleft()
+            w, wkey = frontier.popleft()
             result.states += 1
-            wkey = w.key(ttl, self.keys)
             problem = self.check(w) or (self.drain(w) if self.quiescent(w) else None)
             if problem:
                 result.violations += 1
@@ -161,7 +160,7 @@ class Explorer(Client):
                 k = nw.key(ttl, self.keys)
                 if k not in seen:
                     seen[k] = (wkey, label)
-                    frontier.append(nw)
+                    frontier.append((nw, k))
         result.seconds = time.monotonic() - started
         return result
 
