@@ -69,10 +69,11 @@ model-check-queue: $(DEV_STAMP)
 
 # Soak-scale runs of what make test samples: the model at its default bound, the differential
 # suite at 2,000 sequences (50,000 operations) per backend with no time budget (DynamoDB on moto
-# takes most of an hour; make test: 400 sequences on Redis, 200 on Cluster, 24 on DynamoDB), the
-# full 10,000 lost-wakeup rounds on DynamoDB (make test: 200), 1,000 token grants on DynamoDB
-# (make test: 250), the DynamoDB races at full size (make test: 25% of the cycles, 40% on raw moto) and the
-# crash test at 200 events (120 on DynamoDB; make test: half).
+# takes most of an hour; make test: 400 sequences on Redis, 200 on Cluster, 24 on DynamoDB, each
+# within a time budget), the full 10,000 lost-wakeup rounds on DynamoDB (make test: 200), 1,000
+# token grants on DynamoDB (make test: 250), the 200-event burst on DynamoDB (make test: 120),
+# the DynamoDB races at full size (make test: 25% of the cycles, 40% on raw moto) and the crash
+# test at 200 events (120 on DynamoDB; make test: half).
 soak: model-check
 	LEASEGUARD_DIFF_SEQUENCES=2000 LEASEGUARD_DYNAMODB_ROUNDS=10000 LEASEGUARD_DYNAMODB_GRANTS=1000 \
 		LEASEGUARD_SOAK=1 $(BIN)/pytest --timeout 7200 tests/test_differential.py \

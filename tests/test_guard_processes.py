@@ -42,11 +42,18 @@ def backend_config(request: pytest.FixtureRequest) -> ProviderConfig:
                           region_name="us-east-1")  # fmt: skip
 
 
-def test_burst_of_200_on_one_key_from_8_workers(backend_config: ProviderConfig) -> None:
+# 200 events; make test sends 120 on DynamoDB, where 8 workers queue on one moto server (24 s of
+# a loaded make test for 200), and make soak (LEASEGUARD_SOAK=1) sends 200 there too.
+BURST = 200
+DYNAMODB_BURST = BURST if os.environ.get("LEASEGUARD_SOAK") == "1" else 120
+
+
+def test_a_burst_on_one_key_from_8_workers(backend_config: ProviderConfig) -> None:
+    events = DYNAMODB_BURST if backend_config.backend == "dynamodb" else BURST
     config = SimulationConfig(
         backend_config,
         workers=8,
-        invocations=200,
+        invocations=events,
         keys=1,
         work_ms=(1, 4),
         burst=40,
@@ -56,7 +63,8 @@ def test_burst_of_200_on_one_key_from_8_workers(backend_config: ProviderConfig) 
         # No kills here, so every event must run exactly once: that holds while renewals land
         # within the TTL. With 8 workers and moto's server sharing 2 cores, a DynamoDB renewal
         # took over 2 s under load; the lease then expired and an event legitimately ran again
-        # ("expired lease", docs/protocol.md (d)), which this checker only excuses for kills.
+        # ("expired lease", docs/protocol.md (d)): the checker counts that apart as a re-run after
+        # a lapse, but this test wants every event exactly once.
         ttl_ms=10_000,
         lambda_timeout_ms=60_000,  # plenty: every handoff runs inline here
         quiesce_timeout_s=180,
@@ -65,7 +73,8 @@ def test_burst_of_200_on_one_key_from_8_workers(backend_config: ProviderConfig) 
     assert result.quiesced, result.stuck
     report = check(result.records, [e["id"] for e in result.events])
     assert report.violations == []  # no overlap, tokens rising, FIFO, nothing lost or doubled
-    assert sorted(report.handled.values()) == [1] * 200  # every event exactly once
+    assert sorted(report.handled.values()) == [1] * events  # every event exactly once
+    assert report.lapsed_grants == 0
     statuses = Counter(r["status"] for r in result.records if r["type"] == "invoke")
     assert statuses["forwarded"] >= 50, statuses  # the burst really contended
     assert statuses["error"] == 0
