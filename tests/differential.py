@@ -19,6 +19,10 @@ was lost and which the client sent again; each side reproduces it at the level w
 happens: the model (and memory) run the public call twice with the same nonces
 (``memory._nonce``), Redis sends every script command (EVALSHA) twice, DynamoDB sends every
 write request (botocore ``_make_api_call``) twice; the second reply is the one compared.
+A *late resend* (``Op.late(earlier)``, drawn with chance ``LATE_P`` a step) is an earlier step
+that wrote sent again after other steps, with the nonces it drew then (each side records the
+nonces its provider drew per step, by the step's repr): a request that arrives again after
+its client gave up on it. Memory and Redis make them; DynamoDB does not (``Side.late_resends``).
 ``expire`` makes the key's current lease run out (see :func:`expire`).
 """
 
@@ -58,12 +62,22 @@ class T(NamedTuple):
 
 
 class Op:
-    """One step: a public call (``name``) on ``key`` with abstract arguments, or ``expire``."""
+    """One step: a public call (``name``) on ``key`` with abstract arguments, or ``expire``.
+    ``late_of``: this step is a *late resend* of that earlier step (its request, with the nonces
+    it drew then, arriving again after other steps: a client that gave up, a slow network)."""
 
-    def __init__(self, name: str, key: str, *, resend: bool = False, **kw: Any) -> None:
-        self.name, self.key, self.resend, self.kw = name, key, resend, kw
+    def __init__(
+        self, name: str, key: str, *, resend: bool = False, late_of: Op | None = None, **kw: Any
+    ) -> None:
+        self.name, self.key, self.resend, self.late_of, self.kw = name, key, resend, late_of, kw
+
+    @staticmethod
+    def late(of: Op) -> Op:
+        return Op(of.name, of.key, late_of=of, **of.kw)
 
     def __repr__(self) -> str:
+        if self.late_of is not None:
+            return f"Op.late({self.late_of!r})"
         args = [repr(self.name), repr(self.key)]
         args += [f"{k}={v!r}" for k, v in self.kw.items()]
         return f"Op({', '.join(args + (['resend=True'] if self.resend else []))})"
@@ -98,6 +112,12 @@ class Side:
     # What the side stores for a key that it should not, given the model's state of the key
     # (None: the side's storage is not checked). See :func:`redis_storage`.
     storage: Callable[[str, KeyState], list[str]] | None = None
+    # Whether a late resend can be made here: the step's request sent again with the nonces
+    # ``nonce_module.new_nonce`` drew for it, recorded per step (by its repr, the last one).
+    # DynamoDB cannot: its requests carry version nonces drawn the same way, and a late copy
+    # of one of those is a request no client sends (botocore resends at once; see ``resend``).
+    late_resends: bool = True
+    nonces: dict[str, list[str]] = field(default_factory=dict)
 
     def rank(self, key: str, token: int | None) -> int | None:
         if token is None:
@@ -115,16 +135,36 @@ class Side:
         seen = self.tokens.get(key, [])
         return seen[ref.rank] if 0 <= ref.rank < len(seen) else FORGED_TOKEN
 
-    def call(self, fn: Callable[[], Any], resend: bool) -> tuple[str, Any]:
-        if not resend:
-            return _capture(fn)
-        if self.resend_hook is not None:
-            self.resend_hook.twice = True
+    def call(self, fn: Callable[[], Any], op: Op) -> tuple[str, Any]:
+        module, original = self.nonce_module, self.nonce_module.new_nonce
+        if op.late_of is not None:  # the earlier step's nonces again, then fresh ones
+            again = iter(list(self.nonces.get(repr(op.late_of), [])))
+            module.new_nonce = lambda: next(again, None) or original()
             try:
                 return _capture(fn)
             finally:
-                self.resend_hook.twice = False
-        return call_twice(self.nonce_module, fn)
+                module.new_nonce = original
+        made: list[str] = []
+
+        def record() -> str:
+            made.append(original())
+            return made[-1]
+
+        module.new_nonce = record
+        try:
+            if not op.resend:
+                return _capture(fn)
+            if self.resend_hook is not None:
+                self.resend_hook.twice = True
+                try:
+                    return _capture(fn)
+                finally:
+                    self.resend_hook.twice = False
+            module.new_nonce = original
+            return call_twice(module, fn, made)
+        finally:
+            module.new_nonce = original
+            self.nonces[repr(op)] = made
 
 
 def _capture(fn: Callable[[], Any]) -> tuple[str, Any]:
@@ -138,10 +178,13 @@ def _capture(fn: Callable[[], Any]) -> tuple[str, Any]:
         return ("crash", f"{type(exc).__name__}: {exc}"[:300])
 
 
-def call_twice(module: Any, fn: Callable[[], Any]) -> tuple[str, Any]:
+def call_twice(
+    module: Any, fn: Callable[[], Any], made: list[str] | None = None
+) -> tuple[str, Any]:
     """``fn`` run twice, the second time with the nonces the first drew from
-    ``module.new_nonce`` (a resent call): the second outcome."""
-    original, made = module.new_nonce, []
+    ``module.new_nonce`` (a resent call, its nonces left in ``made``): the second outcome."""
+    original = module.new_nonce
+    made = [] if made is None else made
 
     def record() -> str:
         made.append(original())
@@ -185,11 +228,14 @@ def redis_side(client: Any, name: str = "redis") -> Side:
     provider = RedisLeaseProvider(client, prefix=f"d{uuid.uuid4().hex[:10]}:")
     hook = ResendingRedis(client)
     provider.client = hook  # type: ignore[assignment]
+    from leaseguard.providers.redis import provider as redis_provider_module
+
     return Side(
         name,
         provider,
         lambda ms: time.sleep((ms + 1) / 1000),
         hook,
+        nonce_module=redis_provider_module,
         storage=lambda key, want: redis_storage(provider, client, key, want),
     )
 
@@ -204,6 +250,23 @@ REDIS_KEY_ROLES = (
 REDIS_UNBOUNDED = frozenset({"queue", "signals", "inflight", "attempts", "dead", "state"})
 
 
+# For each of a key's Redis keys in REDIS_KEY_ROLES order: its PTTL, or for the two indexes
+# the user key's score there ('' for none); then the fields of signals and of attempts.
+_STORAGE_PROBE = """
+local out = {}
+for i = 1, #KEYS do
+  if i == 5 or i == 11 then
+    out[i] = redis.call('ZSCORE', KEYS[i], ARGV[1]) or ''
+  else
+    out[i] = redis.call('PTTL', KEYS[i])
+  end
+end
+out[#KEYS + 1] = redis.call('HKEYS', KEYS[3])
+out[#KEYS + 2] = redis.call('HKEYS', KEYS[8])
+return out
+"""
+
+
 def redis_storage(provider: Any, client: Any, key: str, want: KeyState) -> list[str]:
     """What Redis holds for ``key`` that it should not: a key that never expires, other than
     the work the model's state ``want`` still has (the lease, the done memory and their copies
@@ -212,20 +275,13 @@ def redis_storage(provider: Any, client: Any, key: str, want: KeyState) -> list[
     if len(keys) != len(REDIS_KEY_ROLES):
         return [f"{len(keys)} Redis keys, the harness knows {len(REDIS_KEY_ROLES)}"]
     idle = not (want.owner or want.queued or want.in_flight or want.dead_letters or want.halted)
-    pipe = client.pipeline(transaction=False)
-    for role, name in zip(REDIS_KEY_ROLES, keys, strict=True):
-        if role in ("index", "deadindex"):
-            pipe.zscore(name, key)
-        else:
-            pipe.pttl(name)
-    role_of = dict(zip(REDIS_KEY_ROLES, keys, strict=True))
-    pipe.hkeys(role_of["signals"])
-    pipe.hkeys(role_of["attempts"])
-    replies = pipe.execute()
+    # one script, not a pipeline: a Cluster client's pipeline of 13 commands after every step
+    # cost more than the step itself
+    replies = client.eval(_STORAGE_PROBE, len(keys), *keys, key)
     found = []
     for role, got in zip(REDIS_KEY_ROLES, replies[: len(REDIS_KEY_ROLES)], strict=True):
         if role in ("index", "deadindex"):
-            if idle and got is not None:
+            if idle and got != b"":
                 found.append(f"{role} lists {key!r}, which has nothing pending")
         elif got == -1 and (idle or role not in REDIS_UNBOUNDED):
             found.append(f"{role} of {key!r} never expires ({'idle' if idle else 'busy'} key)")
@@ -279,6 +335,7 @@ def dynamodb_side(table: str, client: Any, name: str = "dynamodb", **options: An
         ttl=10_000,
         jump_ms=10_002,
         storage=lambda key, want: dynamodb_storage(table, client, key, want),
+        late_resends=False,
     )
 
 
@@ -377,7 +434,7 @@ def apply(side: Side, op: Op) -> tuple[str, Any]:
         "dead_letter_keys": lambda: sorted(p.dead_letter_keys(10)),
         "expire": lambda: expire(side, k),
     }
-    kind, value = side.call(calls[op.name], op.resend)
+    kind, value = side.call(calls[op.name], op)
     return (kind, norm(side, k, value)) if kind == "ok" else (kind, value)
 
 
@@ -425,6 +482,16 @@ WEIGHTS = {
     "dead_letter_keys": 1,
 }
 RESEND_P = 0.15
+# A late resend (Op.late) of an earlier step that wrote, with this chance a step, on sides that
+# can make one (not DynamoDB: see Side.late_resends).
+LATE_P = 0.08
+# Not adopt_orphans: it sends one request per candidate key, each with a nonce of its own, and
+# which keys are candidates is each side's own (its index), so the nonces a step drew do not
+# line up between sides; its per-key step is the grant that acquire_or_enqueue resends too.
+LATE = frozenset(
+    {"acquire_or_enqueue", "take_signals", "transfer_to_next", "claim_signal", "renew_lease",
+     "release_lease", "acquire_lease", "transfer_lease", "redrive"}
+)  # fmt: skip
 
 
 def draw_op(rng: random.Random, model: Side, keys: Sequence[str], weights: dict[str, int]) -> Op:
@@ -558,8 +625,14 @@ def run_sequence(
     rng = random.Random(seed)
     keys = KEYS[: rng.choice((1, 2))] if ops is None else sorted({op.key for op in ops})
     done: list[Op] = []
+    late = backend.late_resends
     for step in range(length if ops is None else len(ops)):
-        op = ops[step] if ops is not None else draw_op(rng, model, keys, weights or WEIGHTS)
+        if ops is not None:
+            op = ops[step]
+        elif late and rng.random() < LATE_P and (earlier := [o for o in done if o.name in LATE]):
+            op = Op.late(rng.choice(earlier))
+        else:
+            op = draw_op(rng, model, keys, weights or WEIGHTS)
         done.append(op)
         want, got = apply(model, op), apply(backend, op)
         if trace is not None:
