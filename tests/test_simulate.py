@@ -146,7 +146,8 @@ def test_lapsed_leases_are_told_apart_from_double_grants() -> None:
 
     # (a second simulation in this process: its workers' log must not be the first one's)
     _, revoked = simulate(RevokesLeases(), drain=0, ttl_ms=200, work_ms=(10, 30), seed=5)
-    assert revoked.lapsed_grants > 0  # type: ignore[attr-defined]  # the owners saw it...
+    # its owners saw the loss too, yet their leases were cut while certainly held: violations
+    assert revoked.lapsed_grants > 0  # type: ignore[attr-defined]
     assert revoked.by_kind()["overlap"] > 0, revoked.violations  # type: ignore[attr-defined]
 
 
