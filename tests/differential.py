@@ -17,7 +17,7 @@ Ops are abstract where sides differ: a token is ``T(rank)`` (``T(-1)``: one neve
 is turned into each side's own token value. A *resend* (``resend=True``) is one call whose reply
 was lost and which the client sent again; each side reproduces it at the level where it
 happens: the model (and memory) run the public call twice with the same nonces
-(``memory._nonce``), Redis sends every script command (EVALSHA) twice, DynamoDB sends every
+(``new_nonce``), Redis sends every script command (EVALSHA) twice, DynamoDB sends every
 write request (botocore ``_make_api_call``) twice; the second reply is the one compared.
 A *late resend* (``Op.late(earlier)``, drawn with chance ``LATE_P`` a step) is an earlier step
 that wrote sent again after other steps, with the nonces it drew then (each side records the
@@ -33,7 +33,7 @@ import copy
 import random
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -136,35 +136,45 @@ class Side:
         return seen[ref.rank] if 0 <= ref.rank < len(seen) else FORGED_TOKEN
 
     def call(self, fn: Callable[[], Any], op: Op) -> tuple[str, Any]:
-        module, original = self.nonce_module, self.nonce_module.new_nonce
-        if op.late_of is not None:  # the earlier step's nonces again, then fresh ones
-            again = iter(list(self.nonces.get(repr(op.late_of), [])))
-            module.new_nonce = lambda: next(again, None) or original()
+        """``fn`` for ``op``: once; twice for a resend (by the side's hook, or by the model
+        running it again with the nonces it drew); or, for a late resend, once with the nonces
+        the earlier step drew. The nonces a step draws are kept for its late resends."""
+        if op.late_of is not None:
+            with _nonces(self.nonce_module, self.nonces.get(repr(op.late_of), [])):
+                return _capture(fn)
+        made = self.nonces[repr(op)] = []
+        if op.resend and self.resend_hook is not None:  # the side sends the request twice
+            self.resend_hook.twice = True
             try:
-                return _capture(fn)
-            finally:
-                module.new_nonce = original
-        made: list[str] = []
-
-        def record() -> str:
-            made.append(original())
-            return made[-1]
-
-        module.new_nonce = record
-        try:
-            if not op.resend:
-                return _capture(fn)
-            if self.resend_hook is not None:
-                self.resend_hook.twice = True
-                try:
+                with _nonces(self.nonce_module, [], made):
                     return _capture(fn)
-                finally:
-                    self.resend_hook.twice = False
-            module.new_nonce = original
-            return call_twice(module, fn, made)
-        finally:
-            module.new_nonce = original
-            self.nonces[repr(op)] = made
+            finally:
+                self.resend_hook.twice = False
+        with _nonces(self.nonce_module, [], made):
+            outcome = _capture(fn)
+        if not op.resend:
+            return outcome
+        with _nonces(self.nonce_module, made):  # the first reply was the lost one
+            return _capture(fn)
+
+
+@contextlib.contextmanager
+def _nonces(module: Any, replay: list[str], made: list[str] | None = None) -> Iterator[None]:
+    """While inside, ``module.new_nonce`` hands out ``replay`` first, then fresh nonces, and
+    appends each to ``made``."""
+    original, again = module.new_nonce, iter(list(replay))
+
+    def nonce() -> str:
+        value = next(again, None) or original()
+        if made is not None:
+            made.append(value)
+        return value
+
+    module.new_nonce = nonce
+    try:
+        yield
+    finally:
+        module.new_nonce = original
 
 
 def _capture(fn: Callable[[], Any]) -> tuple[str, Any]:
@@ -176,28 +186,6 @@ def _capture(fn: Callable[[], Any]) -> tuple[str, Any]:
         return ("raise", type(exc).__name__)
     except Exception as exc:  # a crash is a disagreement, reported with its text
         return ("crash", f"{type(exc).__name__}: {exc}"[:300])
-
-
-def call_twice(
-    module: Any, fn: Callable[[], Any], made: list[str] | None = None
-) -> tuple[str, Any]:
-    """``fn`` run twice, the second time with the nonces the first drew from
-    ``module.new_nonce`` (a resent call, its nonces left in ``made``): the second outcome."""
-    original = module.new_nonce
-    made = [] if made is None else made
-
-    def record() -> str:
-        made.append(original())
-        return str(made[-1])
-
-    module.new_nonce = record
-    try:
-        _capture(fn)
-        again = iter(list(made))
-        module.new_nonce = lambda: next(again, None) or original()
-        return _capture(fn)
-    finally:
-        module.new_nonce = original
 
 
 def model_side(name: str = "model", **options: Any) -> Side:
@@ -224,12 +212,11 @@ class ResendingRedis:
 
 def redis_side(client: Any, name: str = "redis") -> Side:
     from leaseguard.providers.redis import RedisLeaseProvider
+    from leaseguard.providers.redis import provider as redis_provider_module
 
     provider = RedisLeaseProvider(client, prefix=f"d{uuid.uuid4().hex[:10]}:")
     hook = ResendingRedis(client)
     provider.client = hook  # type: ignore[assignment]
-    from leaseguard.providers.redis import provider as redis_provider_module
-
     return Side(
         name,
         provider,

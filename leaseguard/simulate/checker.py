@@ -112,15 +112,15 @@ def runs_from(records: Iterable[Record]) -> list[RunInfo]:
 def lapses_from(records: Iterable[Record]) -> dict[tuple[str, int], int]:
     """For every grant (key, token) that was found lost: the ``time.monotonic_ns()`` until which
     it was certainly held (the latest its records report). A grant missing here never lapsed."""
+    records = list(records)
+    token_of = {
+        rec["run"]: (rec["key"], rec["token"])
+        for rec in records
+        if rec["type"] == "start" and rec.get("token") is not None
+    }
     valid_until: dict[tuple[str, int], int] = {}
-    token_of: dict[str, tuple[str, int]] = {}
     lost: set[tuple[str, int]] = set()
-    reports: list[tuple[tuple[str, int], int]] = []
     for rec in records:
-        if rec["type"] == "start" and rec.get("token") is not None:
-            token_of[rec["run"]] = (rec["key"], rec["token"])
-    for rec in records:
-        grant = None
         if rec["type"] == "lost" and rec.get("token") is not None:
             grant = (rec["key"], rec["token"])
             lost.add(grant)
@@ -128,12 +128,11 @@ def lapses_from(records: Iterable[Record]) -> dict[tuple[str, int], int]:
             grant = token_of[rec["run"]]
             if rec.get("lost"):
                 lost.add(grant)
-        if grant is not None and rec.get("valid_until") is not None:
-            reports.append((grant, int(rec["valid_until"])))
-    for grant, until in reports:
-        if grant in lost:
-            valid_until[grant] = max(valid_until.get(grant, until), until)
-    return valid_until
+        else:
+            continue
+        if rec.get("valid_until") is not None:
+            valid_until[grant] = max(valid_until.get(grant, 0), int(rec["valid_until"]))
+    return {grant: until for grant, until in valid_until.items() if grant in lost}
 
 
 def check(records: list[Record], expected_events: Iterable[str]) -> CheckReport:
