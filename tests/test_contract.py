@@ -47,13 +47,30 @@ def test_fresh_acquire(provider: BaseLeaseProvider) -> None:
 
 
 def test_same_owner_reacquire_refreshes_ttl_and_keeps_token(provider: BaseLeaseProvider) -> None:
-    # 400 ms of margin either side: moto on a loaded machine can take a few hundred ms a call.
-    first = provider.acquire_lease(KEY, "a", 1_000)
-    time.sleep(0.6)
-    again = provider.acquire_lease(KEY, "a", 1_000)
-    assert again == LeaseResult(True, "a", first.token)
-    time.sleep(0.6)  # past the first TTL, inside the refreshed one
-    assert provider.get_lease_owner(KEY) == "a"
+    # Each check is decided only when the calls' own durations leave it certain: a provider's
+    # deadline lies between the start and the end of the call that set it. A loaded machine
+    # (moto took over 400 ms a call in CI) leaves a round undecided, and the next round tries
+    # again on a fresh key with twice the TTL.
+    for ttl_ms in (1_000, 2_000, 4_000, 8_000, 16_000):
+        ttl = ttl_ms / 1000
+        key = f"{KEY}/{ttl_ms}"
+        started_first = time.monotonic()
+        first = provider.acquire_lease(key, "a", ttl_ms)
+        ended_first = time.monotonic()
+        time.sleep(ttl / 2)
+        started_again = time.monotonic()
+        again = provider.acquire_lease(key, "a", ttl_ms)
+        if time.monotonic() - started_first >= ttl:
+            continue  # the first lease may have run out before the second call: undecided
+        assert first.acquired
+        assert again == LeaseResult(True, "a", first.token)
+        time.sleep(max(0.0, ended_first + ttl + 0.05 - time.monotonic()))  # past the first TTL
+        owner = provider.get_lease_owner(key)
+        if time.monotonic() - started_again >= ttl:
+            continue  # the refreshed lease may have run out too: undecided
+        assert owner == "a"  # inside the refreshed TTL
+        return
+    pytest.fail("five rounds undecided: every call took longer than the TTLs allow")
 
 
 def test_other_owner_is_refused_and_told_the_holder(provider: BaseLeaseProvider) -> None:

@@ -853,7 +853,8 @@ def test_a_take_larger_than_one_write_takes_everything_in_order(make: Make) -> N
     """A take names each element it moves; one write names at most 64 (DynamoDB's 4 KB
     expression limit, and moto's parser), so 100 take two writes, in order."""
     provider = make()
-    first = provider.acquire_or_enqueue("k", Signal("owner", {}), TTL)
+    # 200 requests to queue them: over 10 s (TTL) in a loaded make test, so a longer lease
+    first = provider.acquire_or_enqueue("k", Signal("owner", {}), 120_000)
     for n in range(100):
         provider.acquire_or_enqueue("k", Signal(f"s{n}", {"n": n}), TTL)
     taken = provider.take_signals("k", "owner", 200, token=first.token)

@@ -7,11 +7,11 @@ import contextlib
 import random
 from collections.abc import Iterator
 
-from leaseguard.errors import LeaseBackendError
 from leaseguard.providers.base import new_nonce
 from leaseguard.signals import decode_signal
 from leaseguard.types import Signal
 
+from .contention import optimistic_tries, unsettled
 from .expressions import (
     CLAIM_CONDITION,
     CLAIM_UPDATE,
@@ -29,7 +29,7 @@ from .expressions import (
     UNINDEX_UPDATE,
 )
 from .io import ConditionFailed, Retry, Table
-from .schema import OPTIMISTIC_ATTEMPTS, ORPHAN_INDEX, Lease
+from .schema import ORPHAN_INDEX, Lease
 
 
 def grant_orphan(
@@ -124,7 +124,7 @@ def grant_orphan(
 def claim(table: Table, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:
     nonce = new_nonce()  # this claim's grant nonce: a resend of its write finds it in ``w``
     lease: Lease | None = None
-    for _ in range(OPTIMISTIC_ATTEMPTS):
+    for _ in optimistic_tries():
         now, cutoff = table.times()
         if lease is None:
             lease = table.read(key)
@@ -179,7 +179,7 @@ def claim(table: Table, key: str, owner: str, token: int, ttl_ms: int) -> Signal
                 lease = failed.lease  # claimed by another call, or it moved: look again
                 continue
         return decode_signal(owner, stored, token, lease.attempts.get(owner, 0))
-    raise LeaseBackendError(f"claim of {key!r} did not settle")
+    raise unsettled("claim", key, lease)
 
 
 def adopt(table: Table, ttl_ms: int, limit: int, claim: bool) -> list[tuple[str, Signal]]:
@@ -206,7 +206,7 @@ def _orphan_candidates(table: Table, shard: str) -> Iterator[str]:
 def _adopt_key(table: Table, key: str, ttl_ms: int, claim: bool) -> Signal | None:
     nonce = new_nonce()  # this adoption's grant nonce: [D3] recognises it when resent
     lease: Lease | None = None
-    for _ in range(OPTIMISTIC_ATTEMPTS):
+    for _ in optimistic_tries():
         now, cutoff = table.times()
         if lease is None:
             lease = table.read(key)
@@ -236,4 +236,4 @@ def _adopt_key(table: Table, key: str, ttl_ms: int, claim: bool) -> Signal | Non
         if not isinstance(result, Retry):
             return result[1] if result is not None else None
         lease = result.lease
-    raise LeaseBackendError(f"adopting {key!r} did not settle")
+    raise unsettled("adoption", key, lease)

@@ -3,20 +3,20 @@ inspect_key."""
 
 from __future__ import annotations
 
-from leaseguard.errors import LeaseBackendError
 from leaseguard.providers.base import new_nonce
 from leaseguard.signals import decode_signal
 from leaseguard.types import DeadLetter, KeyState
 
+from .contention import optimistic_tries, unsettled
 from .expressions import DEAD_LETTER_KEYS, REDRIVE_ALL_UPDATE, REDRIVE_UPDATE
 from .io import ConditionFailed, Table
-from .schema import DEAD_LETTER_INDEX, OPTIMISTIC_ATTEMPTS, Lease, number_of, string_of
+from .schema import DEAD_LETTER_INDEX, Lease, number_of, string_of
 
 
 def redrive(table: Table, key: str, ids: tuple[str, ...] | None) -> int:
     lease: Lease | None = None
     renewed: set[str] = set()
-    for _ in range(OPTIMISTIC_ATTEMPTS):
+    for _ in optimistic_tries():
         now, _ = table.times()
         if lease is None:
             lease = table.read(key)
@@ -66,7 +66,7 @@ def redrive(table: Table, key: str, ids: tuple[str, ...] | None) -> int:
             lease = failed.lease
             continue
         return len(moved)
-    raise LeaseBackendError(f"redrive of {key!r} did not settle")
+    raise unsettled("redrive", key, lease)
 
 
 def dead_letter_keys(table: Table, limit: int) -> list[str]:

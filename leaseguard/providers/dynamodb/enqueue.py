@@ -6,11 +6,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping
 
-from leaseguard.errors import LeaseBackendError, QueueFull
+from leaseguard.errors import QueueFull
 from leaseguard.providers.base import new_nonce
 from leaseguard.types import LeaseResult, Signal
 
 from .adopt import grant_orphan
+from .contention import optimistic_tries, unsettled
 from .done import Done, done_view, resume_tag
 from .expressions import (
     APPEND_CONDITION,
@@ -33,7 +34,7 @@ from .expressions import (
     REQUEUE_HALTED_UPDATE,
 )
 from .io import ConditionFailed, Retry, Table
-from .schema import INLINE, OPTIMISTIC_ATTEMPTS, Lease, grant_fits, is_inline, number_of
+from .schema import INLINE, Lease, grant_fits, is_inline, number_of
 
 
 def acquire_or_enqueue(
@@ -51,13 +52,15 @@ def acquire_or_enqueue(
     ref = INLINE + record if grant_fits(key, me, record) else table.put_signal(key, me, record, now)
     nonce = new_nonce()  # this call's grant nonce: [Q7] recognises its applied grants
     lease: Lease | None = None
-    for _ in range(OPTIMISTIC_ATTEMPTS):
+    seen: Lease | None = None  # the item as the last try saw it, for the error below
+    for _ in optimistic_tries():
         now, cutoff = table.times()
         if lease is None:
             granted = _grant_free(table, key, me, ref, ttl_ms, nonce, now, cutoff)
             if isinstance(granted, LeaseResult):
                 return granted
             lease = granted
+        seen = lease
         holder = lease.holder(cutoff)
         if holder is not None and lease.grant_nonce == nonce:
             # [Q7] a resend of this very call, which was applied (by the grant or adoption)
@@ -140,7 +143,7 @@ def acquire_or_enqueue(
         if head == me:
             return LeaseResult(True, me, owner_signal.token, attempts=owner_signal.attempts)
         return LeaseResult(True, head, owner_signal.token, adopted=owner_signal)
-    raise LeaseBackendError(f"acquire_or_enqueue on {key!r} did not settle")
+    raise unsettled("acquire_or_enqueue", key, lease or seen)
 
 
 # With this many dead letters or more, a key's blind grant ([Q1]) refuses, and the grant is

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from leaseguard.errors import LeaseBackendError
 from leaseguard.providers.base import new_nonce
 from leaseguard.types import LeaseResult
 
 from .complete import Then, complete
+from .contention import optimistic_tries, unsettled
 from .expressions import (
     ACQUIRE_CONDITION,
     ACQUIRE_UPDATE,
@@ -23,12 +23,12 @@ from .expressions import (
     TRANSFER_UPDATE,
 )
 from .io import ConditionFailed, Retry, Table
-from .schema import OPTIMISTIC_ATTEMPTS, Lease, number_of
+from .schema import Lease, number_of
 
 
 def acquire(table: Table, key: str, owner: str, ttl_ms: int) -> LeaseResult:
     old: Lease | None = None
-    for _ in range(OPTIMISTIC_ATTEMPTS):
+    for _ in optimistic_tries():
         now, cutoff = table.times()
         version = new_nonce()
         try:
@@ -69,7 +69,7 @@ def acquire(table: Table, key: str, owner: str, ttl_ms: int) -> LeaseResult:
             continue
         if not old.free_for(owner, now, cutoff):  # [L2] refused, naming the holder
             return LeaseResult(False, old.holder(cutoff), old.token)
-    raise LeaseBackendError(f"acquire of {key!r} did not settle under contention")
+    raise unsettled("acquire", key, old)
 
 
 def _take_over_in_flight(
@@ -152,7 +152,7 @@ def release(table: Table, key: str, owner: str) -> None:
         return
     except ConditionFailed as failed:
         lease = failed.lease
-    for _ in range(OPTIMISTIC_ATTEMPTS):
+    for _ in optimistic_tries():
         now, _ = table.times()
         if lease.version == version or not lease.live_owner(owner, now):
             return  # [L5] not the owner (or a resend of a release that was applied)
@@ -161,7 +161,7 @@ def release(table: Table, key: str, owner: str) -> None:
         if not isinstance(outcome, Retry):
             return
         lease = outcome.lease or table.read(key)
-    raise LeaseBackendError(f"release of {key!r} did not settle")
+    raise unsettled("release", key, lease)
 
 
 def renew(table: Table, key: str, owner: str, ttl_ms: int, token: int | None = None) -> bool:
@@ -210,7 +210,7 @@ def transfer(table: Table, key: str, from_owner: str, to_owner: str, ttl_ms: int
         return True
     except ConditionFailed as failed:
         lease = failed.lease
-    for _ in range(OPTIMISTIC_ATTEMPTS):
+    for _ in optimistic_tries():
         now, cutoff = table.times()
         if lease.version == version:
             return True  # a botocore resend of the write above, applied earlier
@@ -224,4 +224,4 @@ def transfer(table: Table, key: str, from_owner: str, to_owner: str, ttl_ms: int
         if not isinstance(outcome, Retry):
             return True
         lease = outcome.lease or table.read(key)
-    raise LeaseBackendError(f"transfer of {key!r} did not settle")
+    raise unsettled("transfer", key, lease)

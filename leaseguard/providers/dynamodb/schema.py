@@ -225,6 +225,16 @@ class Lease:
             or (self.owner == owner and self.expiry <= now)
         )
 
+    def summary(self) -> str:
+        """What the item held, for an error message (ids are not repeated: they can be long)."""
+        if not self.exists:
+            return "absent"
+        owner = "free" if self.owner is None else f"held by {self.owner!r} until {self.expiry}"
+        return (
+            f"{owner}, {len(self.queue)} queued, {len(self.in_flight)} in flight,"
+            f" {len(self.dead)} dead letters{', halted' if self.halted else ''}"
+        )
+
     def holder(self, cutoff: int) -> str | None:
         """Who holds the key as far as anyone else is concerned (the owner, also in limbo)."""
         if self.owner is not None and self.expiry >= cutoff:

@@ -11,6 +11,7 @@ from leaseguard.signals import decode_signal
 from leaseguard.types import Signal
 
 from .complete import Then, complete, prune
+from .contention import optimistic_tries, unsettled
 from .done import done_view, marker
 from .expressions import (
     QUEUE_ELEMENT,
@@ -104,7 +105,7 @@ def transfer_to_next(
         if released is None:
             return None
         lease = released
-    for _ in range(OPTIMISTIC_ATTEMPTS):
+    for _ in optimistic_tries():
         now, cutoff = table.times()
         if lease is None:
             lease = table.read(key)
@@ -114,7 +115,7 @@ def transfer_to_next(
         if not isinstance(outcome, Retry):
             return outcome if isinstance(outcome, Signal) else None
         lease = outcome.lease
-    raise LeaseBackendError(f"transfer_to_next on {key!r} did not settle")
+    raise unsettled("transfer_to_next", key, lease)
 
 
 def _not_holding(
