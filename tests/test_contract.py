@@ -11,7 +11,8 @@ import os
 import random
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 
@@ -28,6 +29,7 @@ from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
 KEY = "thread:{42}\n ü"
 TTL = 5_000
 SHORT = 150  # ms; tests that need expiry sleep past it
+T = TypeVar("T")
 
 
 def expire() -> None:
@@ -46,31 +48,60 @@ def test_fresh_acquire(provider: BaseLeaseProvider) -> None:
     assert provider.get_lease_owner(KEY) == "a"
 
 
-def test_same_owner_reacquire_refreshes_ttl_and_keeps_token(provider: BaseLeaseProvider) -> None:
-    # Each check is decided only when the calls' own durations leave it certain: a provider's
-    # deadline lies between the start and the end of the call that set it. A loaded machine
-    # (moto took over 400 ms a call in CI) leaves a round undecided, and the next round tries
-    # again on a fresh key with twice the TTL.
+class Round:
+    """One try of a check whose answers are certain only while its calls land inside a TTL.
+
+    A provider's deadline lies between the start and the end of the call that set it, so the
+    check knows from its own clock whether a later call certainly came before that deadline
+    (``inside``) or certainly after it (``sleep_past``). A loaded machine (moto took over
+    400 ms a call in CI) can leave a round undecided; the next one tries again on a fresh key
+    with twice the TTL. Nothing here asserts how fast anything is."""
+
+    def __init__(self, key: str, ttl_ms: int) -> None:
+        self.key, self.ttl_ms, self.ttl = key, ttl_ms, ttl_ms / 1000
+        self.started: dict[str, float] = {}
+        self.ended: dict[str, float] = {}
+
+    def call(self, name: str, call: Callable[..., T], *args: Any) -> T:
+        self.started[name] = time.monotonic()
+        try:
+            return call(*args)
+        finally:
+            self.ended[name] = time.monotonic()
+
+    def inside(self, name: str) -> bool:
+        """Whether now is certainly before the deadline the call ``name`` set."""
+        return time.monotonic() - self.started[name] < self.ttl
+
+    def sleep_half(self) -> None:
+        time.sleep(self.ttl / 2)
+
+    def sleep_past(self, name: str) -> None:
+        """Until certainly past the deadline the call ``name`` set."""
+        time.sleep(max(0.0, self.ended[name] + self.ttl + 0.05 - time.monotonic()))
+
+
+def ttl_rounds() -> Iterator[Round]:
     for ttl_ms in (1_000, 2_000, 4_000, 8_000, 16_000):
-        ttl = ttl_ms / 1000
-        key = f"{KEY}/{ttl_ms}"
-        started_first = time.monotonic()
-        first = provider.acquire_lease(key, "a", ttl_ms)
-        ended_first = time.monotonic()
-        time.sleep(ttl / 2)
-        started_again = time.monotonic()
-        again = provider.acquire_lease(key, "a", ttl_ms)
-        if time.monotonic() - started_first >= ttl:
-            continue  # the first lease may have run out before the second call: undecided
+        yield Round(f"{KEY}/{ttl_ms}", ttl_ms)
+    pytest.fail("five rounds undecided: the calls took longer than the TTLs allow")
+
+
+def test_same_owner_reacquire_refreshes_ttl_and_keeps_token(provider: BaseLeaseProvider) -> None:
+    for r in ttl_rounds():
+        first = r.call("first", provider.acquire_lease, r.key, "a", r.ttl_ms)
+        r.sleep_half()
+        again = r.call("again", provider.acquire_lease, r.key, "a", r.ttl_ms)
+        if not r.inside("first"):
+            continue
         assert first.acquired
         assert again == LeaseResult(True, "a", first.token)
-        time.sleep(max(0.0, ended_first + ttl + 0.05 - time.monotonic()))  # past the first TTL
-        owner = provider.get_lease_owner(key)
-        if time.monotonic() - started_again >= ttl:
-            continue  # the refreshed lease may have run out too: undecided
-        assert owner == "a"  # inside the refreshed TTL
+        r.sleep_past("first")
+        owner = provider.get_lease_owner(r.key)
+        if not r.inside("again"):
+            continue
+        assert owner == "a"  # past the first TTL, inside the refreshed one
         return
-    pytest.fail("five rounds undecided: every call took longer than the TTLs allow")
 
 
 def test_other_owner_is_refused_and_told_the_holder(provider: BaseLeaseProvider) -> None:
@@ -112,12 +143,20 @@ def test_release_of_free_key_is_harmless(provider: BaseLeaseProvider) -> None:
 
 
 def test_renew_extends(provider: BaseLeaseProvider) -> None:
-    held = provider.acquire_lease(KEY, "a", 1_000)  # margins as in the re-acquire test
-    time.sleep(0.6)
-    assert provider.renew_lease(KEY, "a", 1_000) is True
-    time.sleep(0.6)
-    assert provider.get_lease_owner(KEY) == "a"
-    assert provider.inspect_key(KEY).token == held.token
+    for r in ttl_rounds():
+        held = r.call("held", provider.acquire_lease, r.key, "a", r.ttl_ms)
+        r.sleep_half()
+        renewed = r.call("renew", provider.renew_lease, r.key, "a", r.ttl_ms)
+        if not r.inside("held"):
+            continue
+        assert renewed is True
+        r.sleep_past("held")
+        owner = provider.get_lease_owner(r.key)
+        if not r.inside("renew"):
+            continue
+        assert owner == "a"
+        assert provider.inspect_key(r.key).token == held.token
+        return
 
 
 def test_renew_by_non_owner_is_refused(provider: BaseLeaseProvider) -> None:
@@ -146,15 +185,24 @@ def test_transfer_of_free_key_returns_false(provider: BaseLeaseProvider) -> None
 
 
 def test_transfer_moves_owner_refreshes_ttl_and_raises_token(provider: BaseLeaseProvider) -> None:
-    first = provider.acquire_lease(KEY, "a", 1_000)  # margins as in the re-acquire test
-    time.sleep(0.6)
-    assert provider.transfer_lease(KEY, "a", "b", 1_000) is True
-    assert provider.get_lease_owner(KEY) == "b"
-    after = provider.inspect_key(KEY)
-    assert after.token is not None and first.token is not None and after.token > first.token
-    time.sleep(0.6)  # past a's original deadline
-    assert provider.get_lease_owner(KEY) == "b"
-    assert provider.acquire_lease(KEY, "a", TTL).acquired is False
+    for r in ttl_rounds():
+        first = r.call("first", provider.acquire_lease, r.key, "a", r.ttl_ms)
+        r.sleep_half()
+        moved = r.call("moved", provider.transfer_lease, r.key, "a", "b", r.ttl_ms)
+        if not r.inside("first"):
+            continue
+        assert moved is True
+        assert provider.get_lease_owner(r.key) == "b"
+        after = provider.inspect_key(r.key)
+        assert after.token is not None and first.token is not None and after.token > first.token
+        r.sleep_past("first")
+        owner = provider.get_lease_owner(r.key)
+        taken = provider.acquire_lease(r.key, "a", TTL)
+        if not r.inside("moved"):
+            continue
+        assert owner == "b"  # past a's original deadline
+        assert taken.acquired is False
+        return
 
 
 def test_atomic_transfer_is_declared(provider: BaseLeaseProvider) -> None:
