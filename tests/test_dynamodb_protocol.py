@@ -560,6 +560,100 @@ def test_a_resent_release_after_a_newcomer_took_the_key_answers_none(make: Make)
     assert run_chain(newcomer, "s2", taken[0].token) == ["s2"]
 
 
+# -- bug 8: a deadline write applied late moved the deadline back ---------------------------------
+
+
+class Late:
+    """The first request of ``operation`` that ``when`` accepts is held back and the caller
+    sees a timeout (every botocore retry timed out); :meth:`arrive` applies it later, after
+    other steps, exactly as sent: a slow network, or DynamoDB applying a request after its
+    client gave up. Returns what DynamoDB answered (a refused condition: None)."""
+
+    def __init__(
+        self,
+        provider: DynamoDBLeaseProvider,
+        operation: str,
+        when: Callable[[dict[str, Any]], bool],
+    ) -> None:
+        client: Any = provider.client
+        self.inner = client._make_api_call
+        self.operation, self.when = operation, when
+        self.held: dict[str, Any] | None = None
+        client._make_api_call = self
+
+    def __call__(self, operation: str, params: dict[str, Any]) -> Any:
+        if self.held is not None or operation != self.operation or not self.when(params):
+            return self.inner(operation, params)
+        self.held = copy.deepcopy(params)
+        raise ReadTimeoutError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
+
+    def arrive(self) -> Any:
+        assert self.held is not None, "no request was held back"
+        try:
+            return self.inner(self.operation, self.held)
+        except ClientError as exc:
+            assert exc.response["Error"]["Code"] == "ConditionalCheckFailedException"
+            return None
+
+
+EXTENDS = {
+    "renew_lease": lambda p, token: p.renew_lease(KEY, "owner", TTL, token=token),
+    "acquire_lease (refresh)": lambda p, token: p.acquire_lease(KEY, "owner", TTL),
+}
+
+
+@pytest.mark.parametrize("extend", list(EXTENDS.values()), ids=list(EXTENDS))
+def test_a_deadline_write_applied_after_a_later_one_never_moves_the_deadline_back(
+    make: Make, clock: Clock, extend: Callable[[DynamoDBLeaseProvider, int], object]
+) -> None:
+    """Regression: DynamoDB deadlines are absolute (the caller's clock at sending plus the
+    TTL), so a renewal sent at +1 s that arrived after the renewal sent at +5 s set the
+    deadline back to +11 s while the owner counted on +15 s; from +11 s (plus the margin) a
+    newcomer took the key from a live owner. Redis sets deadlines by its own clock when a
+    script runs, so a late script can only lengthen one."""
+    start = clock.now
+    owner, newcomer = make(), make()
+    held = owner.acquire_lease(KEY, "owner", TTL)  # deadline +10 s
+    late = Late(owner, "UpdateItem", expression("SET #e = :exp"))
+    clock.now = start + 1_000
+    with pytest.raises(LeaseBackendError):
+        extend(owner, held.token)  # sent at +1 s; the caller gives up on it
+    clock.now = start + 5_000
+    assert owner.renew_lease(KEY, "owner", TTL, token=held.token)  # deadline +15 s
+    assert late.arrive() is None  # the +1 s request, at last: refused
+    clock.now = start + 12_000  # past +11 s, inside the +15 s the owner counts on
+    refused = newcomer.acquire_lease(KEY, "newcomer", TTL)
+    assert (refused.acquired, refused.owner, refused.token) == (False, "owner", held.token)
+    assert owner.renew_lease(KEY, "owner", TTL, token=held.token)  # still the owner's
+    clock.now = start + 12_000 + TTL + 1  # and it ends only when the owner stops renewing
+    assert newcomer.acquire_lease(KEY, "newcomer", TTL).acquired
+
+
+def test_an_extension_sent_by_a_clock_behind_the_last_one_is_refused_visibly(
+    make: Make, clock: Clock
+) -> None:
+    """The price of that order: a caller whose clock is behind the one that last extended
+    the lease (a clock stepped back, or one owner name on two machines) cannot extend it.
+    Its renewal says not renewed, its re-acquire raises; the deadline stays."""
+    start = clock.now
+    ahead, behind = make(), make(clock=lambda: clock.now - 500)
+    held = ahead.acquire_lease(KEY, "owner", TTL)
+    clock.now = start + 1_000
+    assert ahead.renew_lease(KEY, "owner", TTL, token=held.token)  # deadline +11 s, sent at +1 s
+    before = ahead.inspect_key(KEY)
+    assert behind.renew_lease(KEY, "owner", TTL, token=held.token) is False  # sent at +0.5 s
+    with pytest.raises(LeaseBackendError, match="sent later"):
+        behind.acquire_lease(KEY, "owner", TTL)
+    after = ahead.inspect_key(KEY)
+    assert (after.owner, after.token, after.remaining_ms) == (
+        "owner",
+        held.token,
+        before.remaining_ms,
+    )
+    clock.now = start + 2_000  # once its clock passes the last one's, it extends again
+    assert behind.renew_lease(KEY, "owner", TTL, token=held.token)
+
+
 # -- bug 6: failure reports: attempts, retries at the head, dead letters --------------------------
 
 

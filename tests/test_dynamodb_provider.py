@@ -214,7 +214,9 @@ def test_create_table_is_idempotent_and_sets_up_ttl_and_the_indexes(
 # -- errors ---------------------------------------------------------------------------------------
 
 
-def test_an_unreachable_endpoint_is_a_backend_error() -> None:
+def test_an_unreachable_endpoint_is_a_backend_error(dynamodb_server: DynamoDBServer) -> None:
+    # dynamodb_server only for the fake AWS credentials it sets: without them botocore fails
+    # before it connects (NoCredentialsError), as it did in a worker that ran this test first.
     provider = DynamoDBLeaseProvider(
         "t-unreachable",
         endpoint_url=f"http://127.0.0.1:{free_port()}",

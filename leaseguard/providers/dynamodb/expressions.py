@@ -56,11 +56,16 @@ TAKE_OVER_UPDATE = (
 TAKE_OVER_CONDITION = "{version} AND " + FREE_FOR_ME
 
 # [L1] the owner acquiring again: a new deadline, the same token
-# [R1] the holder (of exactly this grant, with :grant) extends; [R2] never an expired one
-EXTEND_UPDATE = "SET #e = :exp, #ttl = :ttl"
-REFRESH_CONDITION = "#o = :me AND #t = :tok AND #e > :now"
-RENEW_CONDITION = LIVE_OWNER
-RENEW_GRANT_CONDITION = f"{LIVE_OWNER} AND #t = :grant"
+# [R1] the holder (of exactly this grant, with :grant) extends; [R2] never an expired one.
+# A deadline is absolute (the sender's clock plus the TTL), so an extension also records when
+# it was sent (es) and under which grant (et): one that arrives after an extension of the same
+# grant sent later (a slow network; a request applied after its client gave up) is refused,
+# where it would move the deadline back under an owner that counts on the later one.
+EXTEND_UPDATE = "SET #e = :exp, #ttl = :ttl, #es = :now, #et = #t"
+IN_SEND_ORDER = "(attribute_not_exists(#es) OR #et <> #t OR #es <= :now)"
+REFRESH_CONDITION = f"#o = :me AND #t = :tok AND #e > :now AND {IN_SEND_ORDER}"
+RENEW_CONDITION = f"{LIVE_OWNER} AND {IN_SEND_ORDER}"
+RENEW_GRANT_CONDITION = f"{LIVE_OWNER} AND #t = :grant AND {IN_SEND_ORDER}"
 
 # [L4] [T1] the live owner with nothing in flight: [G6] has nothing to complete
 IDLE_OWNER = f"{LIVE_OWNER} AND {NOTHING_IN_FLIGHT}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from leaseguard.errors import LeaseBackendError
 from leaseguard.providers.base import new_nonce
 from leaseguard.types import LeaseResult
 
@@ -62,10 +63,18 @@ def acquire(table: Table, key: str, owner: str, ttl_ms: int) -> LeaseResult:
             old = failed.lease
         if old.version == version:  # a botocore resend of the grant above, applied earlier
             return LeaseResult(True, owner, old.token)
-        if old.live_owner(owner, now):  # [L1] the owner again: same token, new deadline
-            if old.token is not None and _refresh(table, key, owner, old.token, ttl_ms):
-                return LeaseResult(True, owner, old.token)
-            old = None
+        if old.live_owner(owner, now) and old.token is not None:  # [L1] the owner again
+            refused = _refresh(table, key, owner, old.token, ttl_ms)
+            if refused is None:
+                return LeaseResult(True, owner, old.token)  # same token, new deadline
+            if refused.live_owner(owner, now) and refused.token == old.token:
+                raise LeaseBackendError(
+                    f"acquire_lease of {key!r} by {owner!r} was refused: the lease's deadline"
+                    " was last set by a request sent later, by its sender's clock, than this"
+                    " one (a clock stepped back, or one owner name on two machines); the"
+                    " deadline is left as that request set it"
+                )
+            old = None  # expired or taken meanwhile: look again
             continue
         if not old.free_for(owner, now, cutoff):  # [L2] refused, naming the holder
             return LeaseResult(False, old.holder(cutoff), old.token)
@@ -110,8 +119,9 @@ def _take_over_in_flight(
     return table.update(key, TAKE_OVER_UPDATE, condition, values, returns="UPDATED_NEW")
 
 
-def _refresh(table: Table, key: str, owner: str, token: int, ttl_ms: int) -> bool:
-    """[L1] The current owner acquiring again: a new deadline, the same token."""
+def _refresh(table: Table, key: str, owner: str, token: int, ttl_ms: int) -> Lease | None:
+    """[L1] The current owner acquiring again: a new deadline, the same token. None when
+    applied, else the item as it stands (ALL_OLD)."""
     now, _ = table.times()
     try:
         table.update(
@@ -126,9 +136,9 @@ def _refresh(table: Table, key: str, owner: str, token: int, ttl_ms: int) -> boo
                 ":now": now,
             },
         )
-    except ConditionFailed:
-        return False
-    return True
+    except ConditionFailed as failed:
+        return failed.lease
+    return None
 
 
 def get_owner(table: Table, key: str) -> str | None:
