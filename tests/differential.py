@@ -23,6 +23,12 @@ A *late resend* (``Op.late(earlier)``, drawn with chance ``LATE_P`` a step) is a
 that wrote sent again after other steps, with the nonces it drew then (each side records the
 nonces its provider drew per step, by the step's repr): a request that arrives again after
 its client gave up on it. Memory and Redis make them; DynamoDB does not (``Side.late_resends``).
+On DynamoDB a step is several requests, so its late arrival is one of them: a *late request*
+(``Op.late_request(key, step, n)``, chance ``LATE_P``) applies one recorded ``UpdateItem`` of
+an earlier step (by its index in the sequence) again, exactly as sent. The model does nothing
+for it if DynamoDB refused it, and runs a late resend of that step if DynamoDB applied it (a
+late request may act as its call, as a late resend does); either way the states must agree,
+and the owner's deadline must not move back (see :meth:`Side.deliver_late`).
 ``expire`` makes the key's current lease run out (see :func:`expire`).
 """
 
@@ -75,6 +81,12 @@ class Op:
     def late(of: Op) -> Op:
         return Op(of.name, of.key, late_of=of, **of.kw)
 
+    @staticmethod
+    def late_request(key: str, step: int, n: int) -> Op:
+        """One of the UpdateItem requests that step ``step`` of the sequence (on ``key``)
+        sent: the ``n``-th, modulo their number."""
+        return Op("late_request", key, step=step, n=n)
+
     def __repr__(self) -> str:
         if self.late_of is not None:
             return f"Op.late({self.late_of!r})"
@@ -118,6 +130,10 @@ class Side:
     # of one of those is a request no client sends (botocore resends at once; see ``resend``).
     late_resends: bool = True
     nonces: dict[str, list[str]] = field(default_factory=dict)
+    # Whether late requests can be made here (DynamoDB): each step's UpdateItem requests are
+    # recorded by ``resend_hook`` (its ``recorded`` list), one list per step, in order.
+    late_requests: bool = False
+    requests: list[list[dict[str, Any]]] = field(default_factory=list)
 
     def rank(self, key: str, token: int | None) -> int | None:
         if token is None:
@@ -142,6 +158,16 @@ class Side:
         if op.late_of is not None:
             with _nonces(self.nonce_module, self.nonces.get(repr(op.late_of), [])):
                 return _capture(fn)
+        self.requests.append([])
+        if self.late_requests and op.name != "late_request":
+            self.resend_hook.recorded = self.requests[-1]
+        try:
+            return self._call(fn, op)
+        finally:
+            if self.late_requests:
+                self.resend_hook.recorded = None
+
+    def _call(self, fn: Callable[[], Any], op: Op) -> tuple[str, Any]:
         made = self.nonces[repr(op)] = []
         if op.resend and self.resend_hook is not None:  # the side sends the request twice
             self.resend_hook.twice = True
@@ -156,6 +182,30 @@ class Side:
             return outcome
         with _nonces(self.nonce_module, made):  # the first reply was the lost one
             return _capture(fn)
+
+    def deliver_late(self, op: Op) -> tuple[bool, str | None]:
+        """A late request: one recorded UpdateItem of step ``op.kw["step"]`` applied again.
+        Whether DynamoDB applied it, and what went wrong if it moved the deadline of the key's
+        owner back (an owner that stayed: a new owner shows in the state comparison)."""
+        sent = self.requests[op.kw["step"]] if self.late_requests else None
+        if not sent:
+            return False, None
+        params = sent[op.kw["n"] % len(sent)]
+        before = self.provider.inspect_key(op.key)
+        try:
+            self.resend_hook.send("UpdateItem", copy.deepcopy(params))
+        except self.resend_hook.error as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            return False, None
+        after = self.provider.inspect_key(op.key)
+        stayed = before.owner is not None and (after.owner, after.token) == (
+            before.owner,
+            before.token,
+        )
+        if stayed and (after.remaining_ms or 0) < (before.remaining_ms or 0):
+            return True, f"deadline moved back {before.remaining_ms} -> {after.remaining_ms} ms"
+        return True, None
 
 
 @contextlib.contextmanager
@@ -291,14 +341,17 @@ class ResendingDynamoDB:
     def __init__(self, client: Any) -> None:
         from botocore.exceptions import ClientError
 
-        self._inner, self._error, self.twice = client._make_api_call, ClientError, False
+        self.send, self.error, self.twice = client._make_api_call, ClientError, False
+        self.recorded: list[dict[str, Any]] | None = None  # UpdateItem requests, while set
         client._make_api_call = self
 
     def __call__(self, operation: str, params: dict[str, Any]) -> Any:
+        if self.recorded is not None and operation == "UpdateItem":
+            self.recorded.append(copy.deepcopy(params))
         if self.twice and operation in self.WRITES:
-            with contextlib.suppress(self._error):
-                self._inner(operation, copy.deepcopy(params))
-        return self._inner(operation, params)
+            with contextlib.suppress(self.error):
+                self.send(operation, copy.deepcopy(params))
+        return self.send(operation, params)
 
 
 def dynamodb_side(table: str, client: Any, name: str = "dynamodb", **options: Any) -> Side:
@@ -323,6 +376,7 @@ def dynamodb_side(table: str, client: Any, name: str = "dynamodb", **options: An
         jump_ms=10_002,
         storage=lambda key, want: dynamodb_storage(table, client, key, want),
         late_resends=False,
+        late_requests=True,
     )
 
 
@@ -332,7 +386,8 @@ def dynamodb_storage(table: str, client: Any, key: str, want: KeyState) -> list[
     index entries the model's state ``want`` rules out: the orphan index (``gp``) for a halted
     key, the dead-letter index (``gd``) for one with no dead letters. (A key released through
     ``release_lease`` or ``transfer_lease`` with nothing pending may stay in the orphan index:
-    those writes do not pin the queue, so the sweeper's first visit removes the entry.)"""
+    those writes do not pin the queue, so the sweeper's first visit removes the entry; so may
+    a halted key that a forward queued on under a plain owner.)"""
     pages = client.get_paginator("query").paginate(
         TableName=table,
         KeyConditionExpression="pk = :k",
@@ -346,7 +401,9 @@ def dynamodb_storage(table: str, client: Any, key: str, want: KeyState) -> list[
             what = f"item {item['sk']['S']!r} of {key!r}"
             if "ttl" not in item:
                 found.append(f"{what} has no ttl")
-            if "gp" in item and want.halted:
+            # an append under a plain owner puts a halted key back; the sweep takes it out
+            # (docs/dynamodb.md, the orphan index, [D4]): only a halted key with none queued
+            if "gp" in item and want.halted and not want.queued:
                 found.append(f"{what} is halted but in the orphan index")
             if "gd" in item and not want.dead_letters:
                 found.append(f"{what} is in the dead-letter index with no dead letter")
@@ -420,6 +477,8 @@ def apply(side: Side, op: Op) -> tuple[str, Any]:
         "redrive": lambda: p.redrive(k, kw.get("ids")),
         "dead_letter_keys": lambda: sorted(p.dead_letter_keys(10)),
         "expire": lambda: expire(side, k),
+        "tick": lambda: side.advance(kw["ms"]),
+        "late_request": lambda: side.deliver_late(op),
     }
     kind, value = side.call(calls[op.name], op)
     return (kind, norm(side, k, value)) if kind == "ok" else (kind, value)
@@ -468,6 +527,10 @@ WEIGHTS = {
     "redrive": 3,
     "dead_letter_keys": 1,
 }
+# On sides whose deadlines are the sender's clock (DynamoDB), a little time passes ("tick": 1,
+# 7 or 250 ms, far inside every TTL): a late request then carries an older clock than the
+# steps after it (DYNAMODB_WEIGHTS).
+DYNAMODB_WEIGHTS = {**WEIGHTS, "tick": 8, "renew_lease": 12}
 RESEND_P = 0.15
 # A late resend (Op.late) of an earlier step that wrote, with this chance a step, on sides that
 # can make one (not DynamoDB: see Side.late_resends).
@@ -478,6 +541,16 @@ LATE_P = 0.08
 LATE = frozenset(
     {"acquire_or_enqueue", "take_signals", "transfer_to_next", "claim_signal", "renew_lease",
      "release_lease", "acquire_lease", "transfer_lease", "redrive"}
+)  # fmt: skip
+
+
+# The steps whose UpdateItem requests a late request replays on DynamoDB: the decorator's
+# (not release_lease, transfer_lease or acquire_lease, which name a plain owner, not a grant:
+# a late copy of one acts on whatever lease that name holds then, as a late call would; the
+# re-acquire's extension has its own regression in test_dynamodb_protocol.py).
+LATE_REQUESTS = frozenset(
+    {"acquire_or_enqueue", "take_signals", "transfer_to_next", "claim_signal", "renew_lease",
+     "redrive"}
 )  # fmt: skip
 
 
@@ -513,7 +586,7 @@ def draw_op(rng: random.Random, model: Side, keys: Sequence[str], weights: dict[
         return T(rng.randrange(len(seen))) if seen and r < 0.95 else T(-1)
 
     resend = (
-        name not in ("get_lease_owner", "pending_signals", "expire", "dead_letter_keys")
+        name not in ("get_lease_owner", "pending_signals", "expire", "dead_letter_keys", "tick")
         and rng.random() < RESEND_P
     )
     if name == "acquire_or_enqueue":
@@ -533,6 +606,8 @@ def draw_op(rng: random.Random, model: Side, keys: Sequence[str], weights: dict[
         return Op(name, key)
     if name == "expire":
         return Op(name, key)
+    if name == "tick":
+        return Op(name, key, ms=rng.choice((1, 7, 250)))
     owner = who()
     if name in ("release_lease", "acquire_lease"):
         return Op(
@@ -612,19 +687,38 @@ def run_sequence(
     rng = random.Random(seed)
     keys = KEYS[: rng.choice((1, 2))] if ops is None else sorted({op.key for op in ops})
     done: list[Op] = []
-    late = backend.late_resends
+    late, late_requests = backend.late_resends, backend.late_requests
     for step in range(length if ops is None else len(ops)):
         if ops is not None:
             op = ops[step]
         elif late and rng.random() < LATE_P and (earlier := [o for o in done if o.name in LATE]):
             op = Op.late(rng.choice(earlier))
+        elif (
+            late_requests
+            and rng.random() < LATE_P
+            and (earlier := [i for i, o in enumerate(done) if o.name in LATE_REQUESTS])
+        ):
+            at = rng.choice(earlier[-4:])  # mostly late by a few steps: its grant may stand
+            op = Op.late_request(done[at].key, at, rng.randrange(1000))
         else:
             op = draw_op(rng, model, keys, weights or WEIGHTS)
         done.append(op)
-        want, got = apply(model, op), apply(backend, op)
+        if op.name == "late_request":
+            # DynamoDB first: the model runs a late resend of the step only if it applied
+            got = apply(backend, op)
+            applied, problem = got[1] if got[0] == "ok" else (False, None)
+            if applied:
+                apply(model, Op.late(done[op.kw["step"]]))
+            want, got = ("ok", None), (("ok", problem) if got[0] == "ok" else got)
+        else:
+            want, got = apply(model, op), apply(backend, op)
         if trace is not None:
             trace.append((op, want))
-        found = [("reply", want, got)] if want != got else []
+        found = (
+            [("reply", want, got)]
+            if want != got and not documented(backend, op, want, got, done)
+            else []
+        )
         # the key the step named (every key after adopt_orphans and at the end): a difference
         # left on another key by a step is still found by a later step's check
         last = step == (length if ops is None else len(ops)) - 1
@@ -650,6 +744,24 @@ def run_sequence(
                 what = f"{what} (the model crashed)"
             return [Disagreement(backend.name, seed, what, want, got, done)]
     return []
+
+
+def documented(side: Side, op: Op, want: Any, got: Any, done: Sequence[Op]) -> bool:
+    """A reply that differs as docs/dynamodb.md documents ("Unknown tokens in [N4]"): a grant
+    completed by ``transfer_to_next(token=None)`` is recorded with token 0 on DynamoDB, so a
+    later ``transfer_to_next`` naming that grant by its token gets ``LeaseLostError`` where the
+    model answers None (nothing changes on either)."""
+    return (
+        side.name.startswith("dynamodb")
+        and op.name == "transfer_to_next"
+        and op.kw.get("token") is not None
+        and (want, got) == (("ok", None), ("raise", "LeaseLostError"))
+        and any(
+            o.name == "transfer_to_next"
+            and (o.key, o.kw.get("owner"), o.kw.get("token")) == (op.key, op.kw.get("owner"), None)
+            for o in done[:-1]
+        )
+    )
 
 
 def replay(ops: Sequence[Op], backend: Side) -> list[Disagreement]:
