@@ -554,6 +554,15 @@ LATE_REQUESTS = frozenset(
 )  # fmt: skip
 
 
+def late_request_of(op: Op) -> bool:
+    """Whether a late request may replay one of ``op``'s requests. Not a renewal without a
+    token: it names an owner, not a grant, so a late one reaches a later lease of the same
+    owner name (docs/dynamodb.md, *Extensions apply in the order they were sent*)."""
+    return op.name in LATE_REQUESTS and not (
+        op.name == "renew_lease" and op.kw.get("token") is None
+    )
+
+
 def draw_op(rng: random.Random, model: Side, keys: Sequence[str], weights: dict[str, int]) -> Op:
     """An op that mostly does something: owners and tokens mostly the model's current ones,
     sometimes a previous owner, an old token or a forged one."""
@@ -696,7 +705,7 @@ def run_sequence(
         elif (
             late_requests
             and rng.random() < LATE_P
-            and (earlier := [i for i, o in enumerate(done) if o.name in LATE_REQUESTS])
+            and (earlier := [i for i, o in enumerate(done) if late_request_of(o)])
         ):
             at = rng.choice(earlier[-4:])  # mostly late by a few steps: its grant may stand
             op = Op.late_request(done[at].key, at, rng.randrange(1000))
