@@ -629,6 +629,26 @@ def test_a_deadline_write_applied_after_a_later_one_never_moves_the_deadline_bac
     assert newcomer.acquire_lease(KEY, "newcomer", TTL).acquired
 
 
+def test_of_two_extensions_sent_in_one_millisecond_the_later_deadline_stands(
+    make: Make, clock: Clock
+) -> None:
+    """Found by the differential suite's late requests (its clock stands still between steps):
+    a renewal to 10 s held back, one to 20 s sent in the same millisecond, then the first
+    arrives: send times tie, so the later deadline stands. A botocore resend (the very same
+    request) still applies."""
+    owner = make()
+    held = owner.acquire_lease(KEY, "owner", TTL)
+    late = Late(owner, "UpdateItem", expression("SET #e = :exp"))
+    with pytest.raises(LeaseBackendError):
+        owner.renew_lease(KEY, "owner", TTL, token=held.token)
+    assert owner.renew_lease(KEY, "owner", 2 * TTL, token=held.token)
+    assert late.arrive() is None
+    assert owner.inspect_key(KEY).remaining_ms == 2 * TTL
+    LostReply(owner, "UpdateItem", when=expression("SET #e = :exp"))
+    assert owner.renew_lease(KEY, "owner", 3 * TTL, token=held.token)  # applied, then resent
+    assert owner.inspect_key(KEY).remaining_ms == 3 * TTL
+
+
 def test_an_extension_sent_by_a_clock_behind_the_last_one_is_refused_visibly(
     make: Make, clock: Clock
 ) -> None:

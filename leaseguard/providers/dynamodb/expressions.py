@@ -60,9 +60,13 @@ TAKE_OVER_CONDITION = "{version} AND " + FREE_FOR_ME
 # A deadline is absolute (the sender's clock plus the TTL), so an extension also records when
 # it was sent (es) and under which grant (et): one that arrives after an extension of the same
 # grant sent later (a slow network; a request applied after its client gave up) is refused,
-# where it would move the deadline back under an owner that counts on the later one.
+# where it would move the deadline back under an owner that counts on the later one. Of two
+# sent in the same millisecond the later deadline stands (a botocore resend, the same request,
+# still applies).
 EXTEND_UPDATE = "SET #e = :exp, #ttl = :ttl, #es = :now, #et = #t"
-IN_SEND_ORDER = "(attribute_not_exists(#es) OR #et <> #t OR #es <= :now)"
+IN_SEND_ORDER = (
+    "(attribute_not_exists(#es) OR #et <> #t OR #es < :now OR (#es = :now AND #e <= :exp))"
+)
 REFRESH_CONDITION = f"#o = :me AND #t = :tok AND #e > :now AND {IN_SEND_ORDER}"
 RENEW_CONDITION = f"{LIVE_OWNER} AND {IN_SEND_ORDER}"
 RENEW_GRANT_CONDITION = f"{LIVE_OWNER} AND #t = :grant AND {IN_SEND_ORDER}"
