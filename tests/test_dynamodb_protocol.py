@@ -644,6 +644,9 @@ def test_of_two_extensions_sent_in_one_millisecond_the_later_deadline_stands(
     assert owner.renew_lease(KEY, "owner", 2 * TTL, token=held.token)
     assert late.arrive() is None
     assert owner.inspect_key(KEY).remaining_ms == 2 * TTL
+    # a shorter renewal in that millisecond is answered as done: the lease already reaches on
+    assert owner.renew_lease(KEY, "owner", TTL, token=held.token)
+    assert owner.inspect_key(KEY).remaining_ms == 2 * TTL
     LostReply(owner, "UpdateItem", when=expression("SET #e = :exp"))
     assert owner.renew_lease(KEY, "owner", 3 * TTL, token=held.token)  # applied, then resent
     assert owner.inspect_key(KEY).remaining_ms == 3 * TTL
@@ -654,16 +657,19 @@ def test_an_extension_sent_by_a_clock_behind_the_last_one_is_refused_visibly(
 ) -> None:
     """The price of that order: a caller whose clock is behind the one that last extended
     the lease (a clock stepped back, or one owner name on two machines) cannot extend it.
-    Its renewal says not renewed, its re-acquire raises; the deadline stays."""
+    Asking for no more than the deadline already gives is answered as done; asking for more,
+    its renewal says not renewed and its re-acquire raises. The deadline stays."""
     start = clock.now
     ahead, behind = make(), make(clock=lambda: clock.now - 500)
     held = ahead.acquire_lease(KEY, "owner", TTL)
     clock.now = start + 1_000
     assert ahead.renew_lease(KEY, "owner", TTL, token=held.token)  # deadline +11 s, sent at +1 s
     before = ahead.inspect_key(KEY)
-    assert behind.renew_lease(KEY, "owner", TTL, token=held.token) is False  # sent at +0.5 s
+    assert behind.renew_lease(KEY, "owner", TTL, token=held.token)  # +10.5 s: already covered
+    assert behind.acquire_lease(KEY, "owner", TTL) == LeaseResult(True, "owner", held.token)
+    assert behind.renew_lease(KEY, "owner", 2 * TTL, token=held.token) is False  # +20.5 s
     with pytest.raises(LeaseBackendError, match="sent later"):
-        behind.acquire_lease(KEY, "owner", TTL)
+        behind.acquire_lease(KEY, "owner", 2 * TTL)
     after = ahead.inspect_key(KEY)
     assert (after.owner, after.token, after.remaining_ms) == (
         "owner",
@@ -671,7 +677,8 @@ def test_an_extension_sent_by_a_clock_behind_the_last_one_is_refused_visibly(
         before.remaining_ms,
     )
     clock.now = start + 2_000  # once its clock passes the last one's, it extends again
-    assert behind.renew_lease(KEY, "owner", TTL, token=held.token)
+    assert behind.renew_lease(KEY, "owner", 2 * TTL, token=held.token)
+    assert ahead.inspect_key(KEY).remaining_ms == 2 * TTL - 500
 
 
 # -- bug 6: failure reports: attempts, retries at the head, dead letters --------------------------

@@ -68,6 +68,10 @@ def acquire(table: Table, key: str, owner: str, ttl_ms: int) -> LeaseResult:
             if refused is None:
                 return LeaseResult(True, owner, old.token)  # same token, new deadline
             if refused.live_owner(owner, now) and refused.token == old.token:
+                # refused only for its send order (IN_SEND_ORDER): held at least as long as
+                # asked is an answer; a longer deadline asked by a clock behind is an error
+                if refused.expiry >= table.times()[0] + ttl_ms:
+                    return LeaseResult(True, owner, old.token)
                 raise LeaseBackendError(
                     f"acquire_lease of {key!r} by {owner!r} was refused: the lease's deadline"
                     " was last set by a request sent later, by its sender's clock, than this"
@@ -190,8 +194,11 @@ def renew(table: Table, key: str, owner: str, ttl_ms: int, token: int | None = N
                 ":grant": token,
             },
         )
-    except ConditionFailed:
-        return False
+    except ConditionFailed as failed:
+        # Refused for its send order alone (IN_SEND_ORDER), the lease is still this grant's:
+        # renewed if its deadline already reaches as far as asked, else not (fail-safe).
+        held = failed.lease
+        return held.live_grant(owner, now, token) and held.expiry >= now + ttl_ms
     return True
 
 
