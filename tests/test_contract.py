@@ -87,21 +87,35 @@ def ttl_rounds() -> Iterator[Round]:
     pytest.fail("five rounds undecided: the calls took longer than the TTLs allow")
 
 
-def test_same_owner_reacquire_refreshes_ttl_and_keeps_token(provider: BaseLeaseProvider) -> None:
+def extended(
+    provider: BaseLeaseProvider,
+    extend: Callable[[str, int], T],
+    after: Callable[[str], Any] = lambda key: None,
+) -> tuple[str, LeaseResult, T, str | None, Any]:
+    """``a`` acquires a key; half a TTL later ``extend(key, ttl_ms)``; past the first TTL
+    (inside the second) the owner is read and ``after(key)`` called. Returns the key, the
+    acquire's result, what ``extend`` returned, the owner and what ``after`` returned, from the
+    first round whose answers are certain (see :class:`Round`)."""
     for r in ttl_rounds():
         first = r.call("first", provider.acquire_lease, r.key, "a", r.ttl_ms)
         r.sleep_half()
-        again = r.call("again", provider.acquire_lease, r.key, "a", r.ttl_ms)
+        second = r.call("second", extend, r.key, r.ttl_ms)
         if not r.inside("first"):
-            continue
-        assert first.acquired
-        assert again == LeaseResult(True, "a", first.token)
+            continue  # the first lease may have run out before the second call
         r.sleep_past("first")
-        owner = provider.get_lease_owner(r.key)
-        if not r.inside("again"):
-            continue
-        assert owner == "a"  # past the first TTL, inside the refreshed one
-        return
+        owner, then = provider.get_lease_owner(r.key), after(r.key)
+        if r.inside("second"):
+            return r.key, first, second, owner, then
+    raise AssertionError("unreachable: ttl_rounds fails the test first")
+
+
+def test_same_owner_reacquire_refreshes_ttl_and_keeps_token(provider: BaseLeaseProvider) -> None:
+    _, first, again, owner, _ = extended(
+        provider, lambda key, ttl: provider.acquire_lease(key, "a", ttl)
+    )
+    assert first.acquired
+    assert again == LeaseResult(True, "a", first.token)
+    assert owner == "a"  # past the first TTL, inside the refreshed one
 
 
 def test_other_owner_is_refused_and_told_the_holder(provider: BaseLeaseProvider) -> None:
@@ -143,20 +157,12 @@ def test_release_of_free_key_is_harmless(provider: BaseLeaseProvider) -> None:
 
 
 def test_renew_extends(provider: BaseLeaseProvider) -> None:
-    for r in ttl_rounds():
-        held = r.call("held", provider.acquire_lease, r.key, "a", r.ttl_ms)
-        r.sleep_half()
-        renewed = r.call("renew", provider.renew_lease, r.key, "a", r.ttl_ms)
-        if not r.inside("held"):
-            continue
-        assert renewed is True
-        r.sleep_past("held")
-        owner = provider.get_lease_owner(r.key)
-        if not r.inside("renew"):
-            continue
-        assert owner == "a"
-        assert provider.inspect_key(r.key).token == held.token
-        return
+    key, held, renewed, owner, _ = extended(
+        provider, lambda key, ttl: provider.renew_lease(key, "a", ttl)
+    )
+    assert renewed is True
+    assert owner == "a"  # past the first TTL, inside the renewed one
+    assert provider.inspect_key(key).token == held.token
 
 
 def test_renew_by_non_owner_is_refused(provider: BaseLeaseProvider) -> None:
@@ -185,24 +191,16 @@ def test_transfer_of_free_key_returns_false(provider: BaseLeaseProvider) -> None
 
 
 def test_transfer_moves_owner_refreshes_ttl_and_raises_token(provider: BaseLeaseProvider) -> None:
-    for r in ttl_rounds():
-        first = r.call("first", provider.acquire_lease, r.key, "a", r.ttl_ms)
-        r.sleep_half()
-        moved = r.call("moved", provider.transfer_lease, r.key, "a", "b", r.ttl_ms)
-        if not r.inside("first"):
-            continue
-        assert moved is True
-        assert provider.get_lease_owner(r.key) == "b"
-        after = provider.inspect_key(r.key)
-        assert after.token is not None and first.token is not None and after.token > first.token
-        r.sleep_past("first")
-        owner = provider.get_lease_owner(r.key)
-        taken = provider.acquire_lease(r.key, "a", TTL)
-        if not r.inside("moved"):
-            continue
-        assert owner == "b"  # past a's original deadline
-        assert taken.acquired is False
-        return
+    key, first, moved, owner, taken = extended(
+        provider,
+        lambda key, ttl: provider.transfer_lease(key, "a", "b", ttl),
+        after=lambda key: provider.acquire_lease(key, "a", TTL),
+    )
+    assert moved is True
+    assert owner == "b"  # past a's original deadline
+    assert taken.acquired is False
+    after = provider.inspect_key(key)
+    assert after.token is not None and first.token is not None and after.token > first.token
 
 
 def test_atomic_transfer_is_declared(provider: BaseLeaseProvider) -> None:
