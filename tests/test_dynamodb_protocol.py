@@ -610,7 +610,7 @@ def test_a_deadline_write_applied_after_a_later_one_never_moves_the_deadline_bac
     TTL), so a renewal sent at +1 s that arrived after the renewal sent at +5 s set the
     deadline back to +11 s while the owner counted on +15 s; from +11 s (plus the margin) a
     newcomer took the key from a live owner. Redis sets deadlines by its own clock when a
-    script runs, so a late script can only lengthen one."""
+    script runs, so a late renewal with the same TTL can only lengthen one."""
     start = clock.now
     owner, newcomer = make(), make()
     held = owner.acquire_lease(KEY, "owner", TTL)  # deadline +10 s
