@@ -416,3 +416,32 @@ def test_dead_lettering_an_inline_record_moves_it_to_a_payload_item(
     again = p.provider.acquire_or_enqueue("k", _event("s1"), TTL)
     assert again.acquired and again.owner == "o" and again.adopted is not None
     assert again.adopted.payload == _event("o").payload
+
+
+def test_renewals_of_the_largest_inline_event_stay_one_write_unit(
+    make: Callable[..., Counted],
+) -> None:
+    """The blind grant inlines a record only if the lease item, with what it cannot see (recent
+    completions in ``d``, up to 160 bytes) and what its renewals add (``es``, ``et``), stays
+    within 1 KB, so no renewal of that grant costs a second write unit. Two completions of
+    57-byte ids fill that reserve; then the largest event the grant inlines. (When renewals
+    began to record ``es``/``et``, this item went from 1,024 bytes to 1,045 at the first
+    renewal.)"""
+    from leaseguard.providers.dynamodb.schema import INLINE_ITEM_BYTES, grant_fits
+    from leaseguard.signals import encode_signal
+
+    p = make()
+    key = f"thread-{uuid.uuid4().hex[:8]}"
+    for _ in range(2):
+        done = p.provider.acquire_or_enqueue(key, _event(uuid.uuid4().hex + "x" * 25), TTL)
+        assert done.owner is not None
+        p.provider.transfer_to_next(key, done.owner, TTL, token=done.token)
+    owner = str(uuid.uuid4())
+    size = max(
+        n for n in range(200, 1024) if grant_fits(key, owner, encode_signal(_event(owner, n)))
+    )
+    held = p.provider.acquire_or_enqueue(key, _event(owner, size), TTL)
+    assert held.acquired and _payload_items(p, key) == []  # inline
+    for _ in range(3):
+        assert p.provider.renew_lease(key, owner, TTL, token=held.token)
+        assert _lease_bytes(p, key) <= INLINE_ITEM_BYTES

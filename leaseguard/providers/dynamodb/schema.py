@@ -51,6 +51,9 @@ INLINE_ITEM_BYTES = 1024
 # see (entries ``d`` keeps of recent completions, about 60 bytes each with request ids).
 _GRANT_WRITES_BYTES = 112
 _GRANT_UNSEEN_BYTES = 160
+# What the owner's first renewal adds to the item (``es`` and ``et``, see EXTEND_UPDATE): left
+# free by every inline judgement, so that no renewal makes the item cross INLINE_ITEM_BYTES.
+_EXTEND_BYTES = 24
 # What storing one more entry adds besides its id and ref (list overheads, ``gp``/``gx``).
 _ENTRY_BYTES = 32
 # DynamoDB refuses a write that would make an item larger than ITEM_LIMIT_BYTES. A forward is
@@ -275,7 +278,7 @@ class Lease:
         lease item within INLINE_ITEM_BYTES (appends racing with ours may overshoot it by
         their own entries)."""
         added = len(signal_id.encode("utf-8")) + len(ref.encode("utf-8")) + _ENTRY_BYTES
-        return self.size + added <= INLINE_ITEM_BYTES
+        return self.size + added + _EXTEND_BYTES <= INLINE_ITEM_BYTES
 
     def unchanged(self) -> tuple[str, dict[str, object]]:
         """The condition that the item's version is still the one read (``{version}``)."""
@@ -331,7 +334,8 @@ def item_sks(ref: str) -> list[str]:
 def grant_fits(key: str, signal_id: str, record: str) -> bool:
     """Whether a blind grant ([Q1]) of ``signal_id`` stores ``record`` inline."""
     written = sum(len(text.encode("utf-8")) for text in (key, signal_id, signal_id, record))
-    return written + _GRANT_WRITES_BYTES + _GRANT_UNSEEN_BYTES <= INLINE_ITEM_BYTES
+    reserved = _GRANT_WRITES_BYTES + _EXTEND_BYTES + _GRANT_UNSEEN_BYTES
+    return written + reserved <= INLINE_ITEM_BYTES
 
 
 def is_inline(ref: str) -> bool:
