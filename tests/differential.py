@@ -126,8 +126,9 @@ class Side:
     storage: Callable[[str, KeyState], list[str]] | None = None
     # Whether a late resend can be made here: the step's request sent again with the nonces
     # ``nonce_module.new_nonce`` drew for it, recorded per step (by its repr, the last one).
-    # DynamoDB cannot: its requests carry version nonces drawn the same way, and a late copy
-    # of one of those is a request no client sends (botocore resends at once; see ``resend``).
+    # Not on DynamoDB: a step there is several requests (with version nonces drawn the same
+    # way), so running the call again makes requests no client sends; what arrives late there
+    # is one recorded request (``late_requests`` below).
     late_resends: bool = True
     nonces: dict[str, list[str]] = field(default_factory=dict)
     # Whether late requests can be made here (DynamoDB): each step's UpdateItem requests are
