@@ -14,6 +14,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -377,7 +378,8 @@ def test_a_forward_that_never_settles_is_an_error_that_stores_nothing(make: Make
 
 def test_refused_tries_pause_with_a_doubling_random_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     pauses: list[float] = []
-    monkeypatch.setattr(contention.time, "sleep", pauses.append)
+    # contention's own view of the time module: other threads keep the real time.sleep
+    monkeypatch.setattr(contention, "time", SimpleNamespace(sleep=pauses.append))
     tries = []
     for n in contention.optimistic_tries():
         tries.append((n, len(pauses)))
