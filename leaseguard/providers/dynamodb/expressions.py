@@ -55,7 +55,7 @@ TAKE_OVER_UPDATE = (
 )
 TAKE_OVER_CONDITION = "{version} AND " + FREE_FOR_ME
 
-# [L1] the owner acquiring again: a new deadline, the same token
+# [L1] the owner acquiring again: a new deadline, the same token (the grant it holds: :grant)
 # [R1] the holder (of exactly this grant, with :grant) extends; [R2] never an expired one.
 # A deadline is absolute (the sender's clock plus the TTL), so an extension also records when
 # it was sent (es) and under which grant (et): one that arrives after an extension of the same
@@ -67,7 +67,6 @@ EXTEND_UPDATE = "SET #e = :exp, #ttl = :ttl, #es = :now, #et = #t"
 IN_SEND_ORDER = (
     "(attribute_not_exists(#es) OR #et <> #t OR #es < :now OR (#es = :now AND #e <= :exp))"
 )
-REFRESH_CONDITION = f"#o = :me AND #t = :tok AND #e > :now AND {IN_SEND_ORDER}"
 RENEW_CONDITION = f"{LIVE_OWNER} AND {IN_SEND_ORDER}"
 RENEW_GRANT_CONDITION = f"{LIVE_OWNER} AND #t = :grant AND {IN_SEND_ORDER}"
 

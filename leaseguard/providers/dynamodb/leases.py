@@ -15,7 +15,6 @@ from .expressions import (
     ACQUIRE_UPDATE,
     EXTEND_UPDATE,
     IDLE_OWNER,
-    REFRESH_CONDITION,
     RELEASE_UPDATE,
     RENEW_CONDITION,
     RENEW_GRANT_CONDITION,
@@ -64,14 +63,11 @@ def acquire(table: Table, key: str, owner: str, ttl_ms: int) -> LeaseResult:
         if old.version == version:  # a botocore resend of the grant above, applied earlier
             return LeaseResult(True, owner, old.token)
         if old.live_owner(owner, now) and old.token is not None:  # [L1] the owner again
-            refused = _refresh(table, key, owner, old.token, ttl_ms)
+            refused = _extend(table, key, owner, ttl_ms, old.token)
             if refused is None:
                 return LeaseResult(True, owner, old.token)  # same token, new deadline
-            if refused.live_owner(owner, now) and refused.token == old.token:
-                # refused only for its send order (IN_SEND_ORDER): held at least as long as
-                # asked is an answer; a longer deadline asked by a clock behind is an error
-                if refused.expiry >= table.times()[0] + ttl_ms:
-                    return LeaseResult(True, owner, old.token)
+            if refused.live_grant(owner, table.times()[0], old.token):
+                # refused for its send order alone, asking further than the deadline reaches
                 raise LeaseBackendError(
                     f"acquire_lease of {key!r} by {owner!r} was refused: the lease's deadline"
                     " was last set by a request sent later, by its sender's clock, than this"
@@ -123,25 +119,27 @@ def _take_over_in_flight(
     return table.update(key, TAKE_OVER_UPDATE, condition, values, returns="UPDATED_NEW")
 
 
-def _refresh(table: Table, key: str, owner: str, token: int, ttl_ms: int) -> Lease | None:
-    """[L1] The current owner acquiring again: a new deadline, the same token. None when
-    applied, else the item as it stands (ALL_OLD)."""
+def _extend(table: Table, key: str, owner: str, ttl_ms: int, token: int | None) -> Lease | None:
+    """[R1] / [L1] The holder's new deadline (of exactly the grant ``token`` when given). None
+    when applied, or when refused for its send order alone (IN_SEND_ORDER) with the deadline
+    already reaching as far as asked: held at least that long. Else the item (ALL_OLD)."""
     now, _ = table.times()
     try:
         table.update(
             key,
             EXTEND_UPDATE,
-            REFRESH_CONDITION,
+            RENEW_CONDITION if token is None else RENEW_GRANT_CONDITION,
             {
                 ":me": owner,
-                ":tok": token,
                 ":exp": now + ttl_ms,
                 ":ttl": table.ttl(now + ttl_ms),
                 ":now": now,
+                ":grant": token,
             },
         )
     except ConditionFailed as failed:
-        return failed.lease
+        held = failed.lease
+        return None if held.live_grant(owner, now, token) and held.expiry >= now + ttl_ms else held
     return None
 
 
@@ -179,27 +177,10 @@ def release(table: Table, key: str, owner: str) -> None:
 
 
 def renew(table: Table, key: str, owner: str, ttl_ms: int, token: int | None = None) -> bool:
-    now, _ = table.times()
-    try:
-        # [R1] the holder (of exactly this grant) extends; [R2] never revives an expired one
-        table.update(
-            key,
-            EXTEND_UPDATE,
-            RENEW_CONDITION if token is None else RENEW_GRANT_CONDITION,
-            {
-                ":me": owner,
-                ":exp": now + ttl_ms,
-                ":ttl": table.ttl(now + ttl_ms),
-                ":now": now,
-                ":grant": token,
-            },
-        )
-    except ConditionFailed as failed:
-        # Refused for its send order alone (IN_SEND_ORDER), the lease is still this grant's:
-        # renewed if its deadline already reaches as far as asked, else not (fail-safe).
-        held = failed.lease
-        return held.live_grant(owner, now, token) and held.expiry >= now + ttl_ms
-    return True
+    # [R1] the holder (of exactly this grant) extends; [R2] never revives an expired one. A
+    # refusal for the send order alone with the deadline short of what was asked is False:
+    # fail-safe, the caller stops relying on the lease.
+    return _extend(table, key, owner, ttl_ms, token) is None
 
 
 def transfer(table: Table, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
