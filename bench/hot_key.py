@@ -114,13 +114,30 @@ def worker(index: int, url: str, prefix: str, conn: Connection, barrier: Any) ->
             ran.extend(signal.payload["id"] for signal in taken)
         last_run[0] = time.perf_counter()
 
+    drained: dict[int, Callable[..., Any]] = {}
+
+    def draining_handler(size: int) -> Callable[..., Any]:
+        """The same handler with ``drain_batch=size`` (the owner runs batches of the queue
+        under its grant, one take_signals and one hand-off per batch)."""
+        if size not in drained:
+
+            @lease_owned(
+                lambda event: event["key"], provider=provider, handoff="inline", drain_batch=size
+            )
+            def batch_handler(event: dict[str, Any], context: Any) -> None:
+                ran.append(event["id"])
+                last_run[0] = time.perf_counter()
+
+            drained[size] = batch_handler
+        return drained[size]
+
     while True:
         command = conn.recv()
         if command[0] == "stop":
             break
         if command[0] == "guarded":
-            _, tag, events, take, threadless, count = command
-            run = taking_handler if take else handler
+            _, tag, events, take, threadless, count, drain = command
+            run = taking_handler if take else draining_handler(drain) if drain else handler
             batch[0] = take
             ran.clear()
             last_run[0] = 0.0
@@ -234,6 +251,7 @@ class Config:
     kind: str  # "guarded", "ceiling" (one client) or "parallel" (every worker process)
     keys: int = 0
     take: int = 0  # guarded: the handler also drains with take_signals(take) (diagnostic)
+    drain: int = 0  # guarded: the decorator's drain_batch
     threadless: bool = False  # guarded: no renewer at all (diagnostic)
     seconds: list[float] = field(default_factory=list)
     ops: list[int] = field(default_factory=list)
@@ -278,6 +296,7 @@ class Bench:
         take: int = 0,
         threadless: bool = False,
         count: bool = False,
+        drain: int = 0,
     ) -> dict[str, Any]:
         """One guarded run over ``keys`` fresh keys; checks exactly-once and idle keys."""
         self._n += 1
@@ -289,7 +308,7 @@ class Bench:
         shares = [[(i, names[i % keys]) for i in ids[w::p]] for w in range(p)]
         before = self._info()
         replies = self.workers.ask(
-            [("guarded", tag, share, take, threadless, count) for share in shares]
+            [("guarded", tag, share, take, threadless, count, drain) for share in shares]
         )
         after = self._info()
         self._check(tag, keys, events, names, replies)
@@ -386,7 +405,11 @@ class Bench:
     def measure(self, config: Config) -> None:
         if config.kind == "guarded":
             run = self.guarded(
-                config.keys, self.events, take=config.take, threadless=config.threadless
+                config.keys,
+                self.events,
+                take=config.take,
+                threadless=config.threadless,
+                drain=config.drain,
             )
             config.seconds.append(run["seconds"])
             config.ops.append(run["ran"])
@@ -873,7 +896,10 @@ def plot(configs: list[Config], processes: int, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    guarded = [c for c in configs if c.kind == "guarded" and not c.name.startswith("(")]
+    guarded = [
+        c for c in configs if c.kind == "guarded" and not c.name.startswith("(") and not c.drain
+    ]
+    batched = [c for c in configs if c.kind == "guarded" and c.drain]
     diagnostics = [c for c in configs if c.kind == "guarded" and c.name.startswith("(")]
     ceiling = next(c for c in configs if c.kind == "ceiling")
     parallel = next(c for c in configs if c.kind == "parallel")
@@ -890,6 +916,20 @@ def plot(configs: list[Config], processes: int, path: str) -> None:
             xytext=(6, 6),
             fontsize=8,
         )
+    if batched:
+        label = f"@lease_owned(drain_batch={batched[0].drain}) events/s"
+        ax.plot([c.keys for c in batched], [c.rate() for c in batched], "D-", color="C5",
+                label=label)  # fmt: skip
+        for c in batched:
+            ax.vlines(c.keys, min(c.rates()), max(c.rates()), color="C5", alpha=0.4)
+            ax.annotate(
+                f"{c.ratio_to(ceiling):.2f}x",
+                (c.keys, c.rate()),
+                textcoords="offset points",
+                xytext=(6, -12),
+                fontsize=8,
+                color="C5",
+            )
     for i, c in enumerate(diagnostics):
         ax.plot([c.keys], [c.rate()], "s^v<>"[i % 5], color=f"C{3 + i}", label=c.name)
         ax.annotate(
@@ -995,6 +1035,12 @@ def main(argv: list[str] | None = None) -> int:
         "--drain", type=int, default=1000, help="events per in-process drain (profile, 1000)"
     )
     parser.add_argument(
+        "--batch",
+        type=int,
+        default=100,
+        help="drain_batch of the batch-drain curve (default 100; 0 skips it)",
+    )
+    parser.add_argument(
         "--take",
         type=int,
         default=100,
@@ -1020,6 +1066,16 @@ def main(argv: list[str] | None = None) -> int:
                 Config(f"@lease_owned, {k} key{'s' if k > 1 else ''}", "guarded", k)
                 for k in keys_list
             ]
+            if args.batch:
+                configs += [
+                    Config(
+                        f"@lease_owned(drain_batch={args.batch}), {k} key{'s' if k > 1 else ''}",
+                        "guarded",
+                        k,
+                        drain=args.batch,
+                    )
+                    for k in keys_list
+                ]
             if not args.no_diagnostics:
                 configs += [
                     Config("(diagnostic) 1 key, no renewer at all", "guarded", 1,

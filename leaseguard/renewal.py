@@ -173,6 +173,7 @@ class LeaseRenewer:
         self._cond = threading.Condition()
         self._due = time.monotonic() + self.every_s
         self._renewing: LeaseHandle | None = None  # the lease a renewal is in flight for
+        self._last: LeaseHandle | None = None  # the lease followed last
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -183,10 +184,13 @@ class LeaseRenewer:
         return self
 
     def follow(self, handle: LeaseHandle) -> None:
-        """Renew ``handle`` from now on, the first time ``every_ms`` from now."""
+        """Renew ``handle`` from now on, the first time ``every_ms`` from now; a handle it
+        followed last keeps its due time (a batch drain's runs share their owner's grant, and
+        following each of them must not put its renewal off)."""
         with self._cond:
-            self.handle = handle
-            self._due = time.monotonic() + self.every_s
+            if handle is not self._last:
+                self._due = time.monotonic() + self.every_s
+            self.handle = self._last = handle
             # No notify: an idle thread wakes every period anyway, always before this due
             # time, and waking it here would cost a context switch per run of a chain.
             if self._thread is None:

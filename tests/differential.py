@@ -641,6 +641,13 @@ def draw_op(rng: random.Random, model: Side, keys: Sequence[str], weights: dict[
                 "max_attempts": rng.choice((1, 2, 3)),
                 "on_poison": "halt" if rng.random() < 0.3 else "skip",
             }
+        if rng.random() < 0.3:  # [G8] a partial report of some in-flight ids (or others)
+            ids = list(dict.fromkeys([*rec.in_flight, owner, rng.choice(IDS)]))
+            rng.shuffle(ids)
+            cut = rng.randint(0, len(ids))
+            failed = ids[cut:][: rng.randint(0, 2)] if "failure" in kw else []
+            kw.setdefault("failure", {})
+            kw["failure"].update({"completed": tuple(ids[:cut]), "failed": tuple(failed)})
         return Op(name, key, resend=resend, **kw)
     return Op(name, key, owner=owner, token=token, resend=resend)
 

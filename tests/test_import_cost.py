@@ -73,6 +73,7 @@ GUARD_CHAIN = frozenset(
         "leaseguard.guard.call",
         "leaseguard.guard.decorator",
         "leaseguard.guard.drivers",
+        "leaseguard.guard.drain",
         "leaseguard.guard.failures",
         "leaseguard.guard.flow",
         "leaseguard.guard.handler",

@@ -43,6 +43,7 @@ def lease_owned(
     max_queue: int | None = None,
     on_poison: OnPoison = "skip",
     dead_letter_queue_url: str | None = None,
+    drain_batch: int | None = None,
 ) -> Callable[[F], F]:
     """Guard a Lambda handler (or a Powertools batch record handler) with a lease on
     ``key_fn(event)``.
@@ -73,6 +74,12 @@ def lease_owned(
     (API Gateway gets HTTP 429; a Powertools batch record handler's record is reported as a
     batch item failure, so SQS delivers it again later). ``logger``, ``metrics`` and ``tracer``
     take Powertools objects.
+
+    ``drain_batch`` (default ``LEASEGUARD_DRAIN_BATCH`` or 10; 0 turns it off): an owner whose
+    run succeeded and whose next signal would run inline takes up to this many queued signals
+    in one backend call and runs them one by one under its own grant (its token), then reports
+    them all with one hand-off. A failure stops the batch: the signals before it are done, the
+    failed one is retried first (or dead-lettered), the rest keep their place and attempts.
     """
 
     def decorate(fn: F) -> F:
@@ -86,6 +93,7 @@ def lease_owned(
             queue_url=queue_url,
             max_attempts=max_attempts,
             max_queue=max_queue,
+            drain_batch=drain_batch,
             on_poison=on_poison,
             dead_letter_queue_url=dead_letter_queue_url,
             on_lost=on_lost,

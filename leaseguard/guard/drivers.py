@@ -12,8 +12,8 @@ from typing import Any
 from leaseguard.renewal import lease_scope
 
 from .call import CallArgs
-from .flow import Flow, Invocation, Run
-from .responses import Outcome
+from .flow import Flow, Invocation
+from .responses import Outcome, Run
 
 _DONE = object()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Generator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from leaseguard.errors import LeaseBackendError, LeaseLostError, PayloadTooLarge, QueueFull
@@ -22,18 +22,10 @@ from leaseguard.types import QueueProvider, Signal, now_ms
 
 from . import responses
 from .call import Call
+from .drain import Drained, drain
 from .failures import UnfinishedRuns, describe
 from .handler import GuardedHandler
-from .responses import Outcome
-
-
-@dataclass(frozen=True)
-class Run:
-    """The flow asks its driver to run the handler on ``event`` while ``handle`` is held."""
-
-    event: Any
-    handle: LeaseHandle
-
+from .responses import Outcome, Run
 
 Flow = Generator[Run, Outcome, Any]
 
@@ -220,6 +212,16 @@ class Invocation:
                         dead.append(signal)
                 if platform_retries and outcome.error is None:
                     primary_outcome = Outcome(error=error)
+            remote = not handle.settle() and self.place_next(longest_ms) == "remote"
+            drained: Drained | None = None
+            if error is None and not remote and not handle.lost and self._drains():
+                drained = yield from drain(
+                    self, key, current, handle, renewer, primary=primary, longest_ms=longest_ms
+                )
+                longest_ms, remote = drained.longest_ms, drained.remote
+                if drained.primary is not None:
+                    primary_outcome = drained.primary
+                error, dead = drained.error, drained.dead
             if handle.settle():
                 telemetry.count("LeaseLost")
                 telemetry.log(
@@ -230,12 +232,11 @@ class Invocation:
                     reason=handle.lost_reason,
                 )
                 break
-            remote = self._place_next(longest_ms) == "remote"
-            report: dict[str, Any] = {}
+            report: dict[str, Any] = drained.report() if drained is not None else {}
             if error is not None:
-                report = {
+                report |= {
                     "error": describe(error),
-                    "requeue_owner": not platform_retries,
+                    "requeue_owner": not platform_retries or drained is not None,
                     "max_attempts": options.max_attempts,
                 }
                 if options.on_poison != "skip":
@@ -259,7 +260,13 @@ class Invocation:
             current = nxt
         return primary_outcome
 
-    def _place_next(self, longest_ms: float) -> str:
+    def _drains(self) -> bool:
+        """Whether this owner runs a batch behind its run (docs/protocol.md, row G8): a
+        provider that takes partial reports, and a batch of more than the run itself."""
+        provider = self.guard.provider
+        return self.options.drain_batch > 0 and getattr(provider, "partial_reports", False)
+
+    def place_next(self, longest_ms: float) -> str:
         placement = self.guard.policy.place_next(self.context, longest_ms)
         if placement == "inline, cannot dispatch":
             self.telemetry.log(

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 Handoff = Literal["auto", "inline", "invoke", "sqs"]
 HANDOFF_MODES = ("auto", "inline", "invoke", "sqs")
 DEFAULT_HANDOFF_MARGIN_MS = 3_000
+DEFAULT_DRAIN_BATCH = 0
+MAX_DRAIN_BATCH = 1_000
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class GuardOptions:
     queue_url: str | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     max_queue: int | None = None  # None: the provider's own bound
+    drain_batch: int = DEFAULT_DRAIN_BATCH  # 0: every signal gets a grant of its own
     on_poison: OnPoison = "skip"
     dead_letter_queue_url: str | None = None
     on_lost: Callable[[LeaseHandle], None] | None = None
@@ -53,6 +56,7 @@ class GuardOptions:
         queue_url: str | None,
         max_attempts: int | None,
         max_queue: int | None,
+        drain_batch: int | None = None,
         on_poison: str,
         dead_letter_queue_url: str | None,
         on_lost: Callable[[LeaseHandle], None] | None,
@@ -62,7 +66,8 @@ class GuardOptions:
         sqs_client: Any,
     ) -> GuardOptions:
         """The options of handler ``name``, or a :class:`ConfigurationError` naming it; unset
-        values come from ``LEASEGUARD_TTL_MS`` and ``LEASEGUARD_MAX_ATTEMPTS``."""
+        values come from ``LEASEGUARD_TTL_MS``, ``LEASEGUARD_MAX_ATTEMPTS`` and
+        ``LEASEGUARD_DRAIN_BATCH``."""
         try:
             ttl = check_ttl(
                 ttl_ms if ttl_ms is not None else env_int("LEASEGUARD_TTL_MS", DEFAULT_TTL_MS)
@@ -76,6 +81,10 @@ class GuardOptions:
             attempts = check_positive_int("max_attempts", max_attempts, 1000)
             if max_queue is not None:
                 check_positive_int("max_queue", max_queue, MAX_QUEUE_LIMIT)
+            if drain_batch is None:
+                drain_batch = env_int("LEASEGUARD_DRAIN_BATCH", DEFAULT_DRAIN_BATCH)
+            if drain_batch != 0:
+                check_positive_int("drain_batch", drain_batch, MAX_DRAIN_BATCH)
         except InvalidLeaseArgument as exc:
             raise ConfigurationError(f"@lease_owned on {name}: {exc}") from exc
         if handoff not in HANDOFF_MODES:
@@ -92,6 +101,7 @@ class GuardOptions:
             queue_url=queue_url,
             max_attempts=attempts,
             max_queue=max_queue,
+            drain_batch=drain_batch,
             on_poison=cast(OnPoison, on_poison),
             dead_letter_queue_url=dead_letter_queue_url,
             on_lost=on_lost,

@@ -8,10 +8,21 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leaseguard.errors import PayloadTooLarge, QueueFull
 from leaseguard.events import forwarded_response, is_api_gateway
+
+if TYPE_CHECKING:
+    from leaseguard.renewal import LeaseHandle
+
+
+@dataclass(frozen=True)
+class Run:
+    """The flow asks its driver to run the handler on ``event`` while ``handle`` is held."""
+
+    event: Any
+    handle: LeaseHandle
 
 
 @dataclass(frozen=True)

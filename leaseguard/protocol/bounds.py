@@ -33,6 +33,7 @@ class ClientRules:
     atomic_forward: bool = True  # forward with one acquire_or_enqueue (not read, then enqueue)
     failed_take_fails_run: bool = True  # a run whose take_signals failed ends as failed
     full_fails_visibly: bool = True  # a forward refused by a full queue fails the invocation
+    partial_reports: bool = True  # the batch drain reports each taken signal's outcome (G8)
 
 
 PRESETS = {

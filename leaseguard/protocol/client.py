@@ -106,38 +106,16 @@ class Client(Invariants):
         self, w: World, n: int, a: Actor, faults_left: bool
     ) -> Iterator[tuple[str, World]]:
         name = a.aid
-        # A run whose take_signals failed may hold signals it never saw: it ends as failed
-        # (the guard treats it so), which retries them instead of completing them.
-        forced = (a.error and self.rules.failed_take_fails_run) or a.spent
-        outcomes = (True,) if forced else (False, True) if faults_left else (False,)
-        for error in outcomes:
-            nw = w.copy()
-            done = a._replace(phase="next")
-            if error and not forced:
-                self.fault(nw)
-                self.excuse(nw, (a.sid or "", *a.taken))
-                own = a.kind == "inv" and a.sid == a.event
-                done = done._replace(error=True, own_error=a.own_error or own)
-                how = f"FAULT {name} handler raises on {a.sid}"
-            elif a.spent:
-                how = f"{name} dead-letters {a.sid} unrun (its earlier runs never finished)"
-            elif error:
-                how = f"{name} run ends failed (its take_signals failed)"
-            else:
-                nw.book = self.handled(nw.book, (a.sid, *a.taken))
-                how = f"{name} handler finishes {a.sid} (+{len(a.taken)} taken)"
+        for how, nw, done, failure in self.run_ends(w, a, faults_left):
             if done.lost or nw.now >= done.valid_until:
                 self.finish(nw, n, done)
                 yield f"{how}; its lease is lost: no hand-off", nw
                 continue
-            failure = None
-            if error:
-                failure = Failure(
-                    "handler failed", a.sid != a.event, self.b.max_attempts, self.b.halt
-                )
             rec = self.rec(nw, a.key)
             # Inline or by envelope only differ when there is someone to hand to.
-            hands_off = bool(rec.queue) or (error and len(rec.in_flight) > (a.sid == a.event))
+            hands_off = bool(rec.queue) or (
+                failure is not None and len(rec.in_flight) > (a.sid == a.event)
+            )
             for claim in (True, False) if hands_off else (True,):
                 cw = nw.copy()
                 args = (a.sid, a.token, claim, failure)
@@ -158,6 +136,58 @@ class Client(Invariants):
             na = self.send(nw, a._replace(renews=a.renews + 1), "renew", (a.sid, a.token), "run")
             self.replace_actor(nw, n, na)
             yield f"{name} renew_lease", nw
+
+    def run_ends(
+        self, w: World, a: Actor, faults_left: bool
+    ) -> Iterator[tuple[str, World, Actor, Failure | None]]:
+        """How a run can end, each with its world, its actor and the report its
+        ``transfer_to_next`` sends. Besides the handler succeeding or raising on the whole run
+        (its own signal and what its handler took), the guard's batch drain (row G8): taken
+        signals run one by one, so one of them can fail after the ones before it succeeded,
+        and a drain whose ``take_signals`` failed reports its runs done and the rest unrun."""
+        name, m, halt = a.aid, self.b.max_attempts, self.b.halt
+        done = a._replace(phase="next")
+        if a.spent:
+            nw = w.copy()
+            how = f"{name} dead-letters {a.sid} unrun (its earlier runs never finished)"
+            yield how, nw, done, Failure("handler failed", a.sid != a.event, m, halt)
+            return
+        if a.error and self.rules.partial_reports:  # its take_signals failed
+            nw = w.copy()
+            ran = (a.sid or "", *a.taken)
+            nw.book = self.handled(nw.book, ran)
+            how = f"{name} drain's take_signals failed: {ran} done, the rest unrun"
+            yield how, nw, done, Failure("take failed", True, m, halt, completed=ran)
+        if a.error and self.rules.failed_take_fails_run:
+            # A handler's take may have moved signals it never saw: the run fails, which
+            # retries them instead of completing them.
+            nw = w.copy()
+            how = f"{name} run ends failed (its take_signals failed)"
+            yield how, nw, done, Failure("handler failed", a.sid != a.event, m, halt)
+            return
+        nw = w.copy()
+        nw.book = self.handled(nw.book, (a.sid, *a.taken))
+        yield f"{name} handler finishes {a.sid} (+{len(a.taken)} taken)", nw, done, None
+        if not faults_left:
+            return
+        nw = w.copy()
+        self.fault(nw)
+        self.excuse(nw, (a.sid or "", *a.taken))
+        own = a.kind == "inv" and a.sid == a.event
+        failed = done._replace(error=True, own_error=a.own_error or own)
+        how = f"FAULT {name} handler raises on {a.sid}"
+        yield how, nw, failed, Failure("handler failed", a.sid != a.event, m, halt)
+        if not self.rules.partial_reports:
+            return
+        for i, sid in enumerate(a.taken):
+            nw = w.copy()
+            self.fault(nw)
+            ran = (a.sid or "", *a.taken[:i])
+            nw.book = self.handled(nw.book, ran)
+            self.excuse(nw, a.taken[i:])  # the failed one, and the rest that never ran
+            how = f"FAULT {name}'s drain: {sid} raises after {ran} (partial report)"
+            report = Failure("handler failed", True, m, halt, completed=ran, failed=(sid,))
+            yield how, nw, done._replace(error=True), report
 
     def reply_steps(
         self, w: World, n: int, a: Actor, faults_left: bool

@@ -33,11 +33,10 @@ from .state import (
     dead_letter,
 )
 
-__all__ = ["ProtocolModel", "clock_floor"]
 # The state's names stay importable from here, where the guard and the providers import them.
-__all__ += ["DEDUPE_WINDOW_MS", "DEFAULT_MAX_ATTEMPTS", "DEFAULT_MAX_QUEUE", "DONE_LIMIT"]
-__all__ += ["MAX_ERROR_CHARS", "TOKEN_MEMORY_MS", "Failure", "Full", "KeyRecord", "Lost"]
-__all__ += ["DeadEntry", "Done", "Stored", "dead_letter"]
+__all__ = ["DEDUPE_WINDOW_MS", "DEFAULT_MAX_ATTEMPTS", "ProtocolModel", "clock_floor"]
+__all__ += ["DEFAULT_MAX_QUEUE", "DONE_LIMIT", "MAX_ERROR_CHARS", "TOKEN_MEMORY_MS", "Failure"]
+__all__ += ["DeadEntry", "Done", "Full", "KeyRecord", "Lost", "Stored", "dead_letter"]
 
 
 def clock_floor(now_ms: int) -> int:
@@ -142,23 +141,24 @@ class ProtocolModel:
         mark_owner: bool = True,
     ) -> None:
         """[G6] The owner finished: its in-flight signals are done (remembered for dedupe), or,
-        after a failure, retried at the head of the queue or dead-lettered. ``mark_owner``:
-        ``transfer_to_next`` remembers its owner's id and token (row N4 recognises a resend by
-        it); the contract's release and transfer do not (a plain owner is no signal)."""
+        after a failure, retried at the head of the queue or dead-lettered; [G8] a partial
+        report says which. ``mark_owner``: ``transfer_to_next`` remembers its owner's id and
+        token (N4 knows a resend by it); release and transfer do not (no signal owns them)."""
         token = rec.token
         back: list[str] = []
         own_attempts = 0
         for sid in rec.in_flight:
             stored = rec.stored.pop(sid)
-            if failure is None:
+            verdict = failure.verdict(sid) if failure else "ok"
+            if failure is None or verdict == "ok":
                 self.remember_done(rec, sid, token, now, ok=True)
                 continue
-            attempts = stored.attempts + 1
-            if attempts >= failure.max_attempts:
+            attempts = stored.attempts + (verdict == "failed")  # [G8] unrun: its count kept
+            if verdict == "failed" and attempts >= failure.max_attempts:
                 error = failure.error[:MAX_ERROR_CHARS]
                 rec.dead.append(DeadEntry(sid, stored.record, attempts, error, now))
                 rec.halted = rec.halted or failure.halt
-            elif sid != owner or failure.requeue_owner:
+            elif sid != owner or failure.requeue_owner or verdict == "unrun":
                 rec.stored[sid] = Stored(stored.record, attempts)
                 back.append(sid)
             else:
@@ -168,7 +168,8 @@ class ProtocolModel:
         # The owner's own step is remembered either way: a resend of it must be recognised
         # after a newcomer overwrote p/pt (a failed one is not deduplicated).
         if mark_owner:
-            self.remember_done(rec, owner, token, now, ok=failure is None, attempts=own_attempts)
+            ok = failure is None or failure.verdict(owner) == "ok"
+            self.remember_done(rec, owner, token, now, ok=ok, attempts=own_attempts)
         rec.queue[0:0] = back
         rec.in_flight = []
 

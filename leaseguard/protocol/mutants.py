@@ -204,6 +204,43 @@ class RedriveDrops(_Model):
         return moved
 
 
+class PartialUnrunCompleted(_Model):
+    """A partial report (G8) completes the ids it does not name, instead of requeueing them:
+    the signals of a batch that never ran are lost."""
+
+    def complete(
+        self,
+        rec: KeyRecord,
+        owner: str,
+        now: int,
+        failure: Failure | None = None,
+        *,
+        mark_owner: bool = True,
+    ) -> None:
+        if failure is not None and failure.completed is not None:
+            ran = tuple(sid for sid in rec.in_flight if sid not in failure.failed)
+            failure = replace(failure, completed=ran)
+        super().complete(rec, owner, now, failure, mark_owner=mark_owner)
+
+
+class PartialCompletedRequeued(_Model):
+    """A partial report (G8) sends the ids it names as completed back to the queue: signals
+    that succeeded run again."""
+
+    def complete(
+        self,
+        rec: KeyRecord,
+        owner: str,
+        now: int,
+        failure: Failure | None = None,
+        *,
+        mark_owner: bool = True,
+    ) -> None:
+        if failure is not None and failure.completed is not None:
+            failure = replace(failure, completed=())
+        super().complete(rec, owner, now, failure, mark_owner=mark_owner)
+
+
 @dataclass(frozen=True)
 class Mutant:
     name: str
@@ -227,6 +264,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("resent-release-lost", ResentReleaseLost),
     Mutant("ttl-clock-from-reply", ProtocolModel, ClientRules(valid_from_send=False)),
     Mutant("failed-take-completes", ProtocolModel, ClientRules(failed_take_fails_run=False)),
+    Mutant("partial-unrun-completed", PartialUnrunCompleted),
+    Mutant("partial-completed-requeued", PartialCompletedRequeued),
     Mutant("bound-ignored", BoundIgnored, family="queue"),
     Mutant("halt-ignored", HaltIgnored, family="queue"),
     Mutant("redrive-drops", RedriveDrops, family="queue"),

@@ -55,12 +55,28 @@ class Failure:
     retries that event; it is removed here and not remembered as done. ``halt`` (the guard's
     ``on_poison="halt"``): a signal dead-lettered by this report halts the key, so nothing
     queued behind it runs until an operator redrives it (row G6, V1).
+
+    A *partial* report (``completed`` not None, row G8) comes from the guard's batch drain:
+    the ids in ``completed`` ran and succeeded (they are done), those in ``failed`` failed as
+    above, and every other id in flight never ran (a batch cut short, or taken by a
+    ``take_signals`` whose reply was lost): it goes back to the head of the queue, its count
+    unchanged.
     """
 
     error: str
     requeue_owner: bool = True
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     halt: bool = False
+    completed: tuple[str, ...] | None = None
+    failed: tuple[str, ...] = ()
+
+    def verdict(self, sid: str) -> str:
+        """What this report says of in-flight signal ``sid``: ``"failed"``, or, in a partial
+        report (``completed`` given, row G8), ``"ok"`` for the ids in ``completed``,
+        ``"failed"`` for those in ``failed`` and ``"unrun"`` for every other id."""
+        if self.completed is None or sid in self.failed:
+            return "failed"
+        return "ok" if sid in self.completed else "unrun"
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import ClassVar, Literal
 
 from leaseguard.errors import InvalidLeaseArgument
@@ -48,10 +48,14 @@ class BaseLeaseProvider(ABC):
     """Validation and the public surface shared by the built-in providers.
 
     ``atomic_transfer`` is true when :meth:`transfer_lease` moves the lease with no moment
-    where the key is free; every built-in backend can do that.
+    where the key is free; every built-in backend can do that. ``partial_reports``: see
+    below.
     """
 
     atomic_transfer: ClassVar[bool] = True
+    partial_reports: ClassVar[bool] = True
+    """:meth:`transfer_to_next` takes ``completed=`` and ``failed=`` (docs/protocol.md, row
+    G8), which the guard's batch drain needs."""
 
     def __init__(
         self,
@@ -129,6 +133,8 @@ class BaseLeaseProvider(ABC):
         requeue_owner: bool = True,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         on_poison: OnPoison = "skip",
+        completed: Sequence[str] | None = None,
+        failed: Sequence[str] = (),
     ) -> Signal | None:
         """``error`` (the failure's text) says the owner's run failed: every signal it holds
         in flight goes back to the head of the queue with one more attempt, or is
@@ -136,22 +142,33 @@ class BaseLeaseProvider(ABC):
         signal to the platform's retry instead (docs/protocol.md, row G6). A failure report
         needs the grant's ``token``. ``on_poison="halt"``: a signal dead-lettered by this
         report halts the key (nothing queued runs until :meth:`redrive`); ``"skip"`` (the
-        default) lets the key move on."""
+        default) lets the key move on.
+
+        ``completed`` makes the report partial (row G8, what a batch drain sends): the ids in
+        it ran and succeeded, the ids in ``failed`` failed with ``error`` (as above), and
+        every other signal in flight never ran and goes back to the head of the queue with
+        its attempts unchanged. It needs ``token``; ``failed`` needs ``completed`` and
+        ``error``."""
         if on_poison not in ON_POISON:
             raise InvalidLeaseArgument(f"on_poison must be one of {ON_POISON}, got {on_poison!r}")
+        ran, failing = _check_partial(completed, failed, error)
         failure = None
-        if error is not None:
-            if not isinstance(error, str):
+        if error is not None or ran is not None:
+            if error is not None and not isinstance(error, str):
                 raise InvalidLeaseArgument(f"error must be a str or None, got {type(error)}")
             if token is None:
                 # Without the grant's token a resent report could not be told from a new one
                 # once the same id owns the key again (docs/protocol.md, N4).
-                raise InvalidLeaseArgument("transfer_to_next with error= needs token=")
+                what = "error=" if error is not None else "completed="
+                raise InvalidLeaseArgument(f"transfer_to_next with {what} needs token=")
+            text = "unrun" if error is None else error
             failure = Failure(
-                error.encode("utf-8", "replace").decode("utf-8")[:MAX_ERROR_CHARS] or "error",
+                text.encode("utf-8", "replace").decode("utf-8")[:MAX_ERROR_CHARS] or "error",
                 _check_bool("requeue_owner", requeue_owner),
                 check_positive_int("max_attempts", max_attempts, 1000),
                 halt=on_poison == "halt",
+                completed=ran,
+                failed=failing,
             )
         return self._transfer_to_next(
             check_key(key),
@@ -288,3 +305,37 @@ def _check_bool(what: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise InvalidLeaseArgument(f"{what} must be a bool, got {type(value).__name__}")
     return value
+
+
+MAX_REPORTED_IDS = 10_000
+"""At most this many ids in one partial report (``completed`` and ``failed`` together)."""
+
+
+def _check_partial(
+    completed: object, failed: object, error: object
+) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
+    """The ids of a partial report (row G8), checked: lists or tuples of distinct signal ids,
+    none in both, ``failed`` only with ``completed`` and ``error``."""
+    if completed is None:
+        if failed:
+            raise InvalidLeaseArgument("transfer_to_next with failed= needs completed=")
+        return None, ()
+    ran = _check_ids("completed", completed)
+    failing = _check_ids("failed", failed)
+    if failing and error is None:
+        raise InvalidLeaseArgument("transfer_to_next with failed= needs error=")
+    if len(ran) + len(failing) > MAX_REPORTED_IDS:
+        raise InvalidLeaseArgument(f"a partial report names at most {MAX_REPORTED_IDS} ids")
+    both = set(ran) & set(failing)
+    if both:
+        raise InvalidLeaseArgument(f"ids both completed and failed: {sorted(both)[:3]}")
+    return ran, failing
+
+
+def _check_ids(what: str, ids: object) -> tuple[str, ...]:
+    if isinstance(ids, str) or not isinstance(ids, (list, tuple)):
+        raise InvalidLeaseArgument(f"{what} must be a list or tuple of signal ids, got {ids!r}")
+    checked = tuple(check_owner(sid, f"an id in {what}") for sid in ids)
+    if len(set(checked)) != len(checked):
+        raise InvalidLeaseArgument(f"{what} names an id twice")
+    return checked

@@ -88,12 +88,17 @@ def complete(
     own_attempts = 0
     for sid, ref in zip(lease.in_flight, lease.in_flight_refs, strict=False):
         attempts.pop(sid, None)
-        if failure is None:
+        verdict = failure.verdict(sid) if failure else "ok"
+        if failure is None or verdict == "ok":
             done_ids.append(sid)
             drop.append(ref)
             continue
-        count = lease.attempts.get(sid, 0) + 1
-        if count >= failure.max_attempts:
+        count = lease.attempts.get(sid, 0) + (verdict == "failed")
+        if verdict == "unrun":  # [G8] it never ran: back to the head, its count kept
+            if count:
+                attempts[sid] = count
+            back.append((sid, ref))
+        elif count >= failure.max_attempts:
             dead.append((sid, ref, count))  # [G6] dead-lettered (the owner's own too)
         elif sid != owner or failure.requeue_owner:
             attempts[sid] = count  # [G6] back to the head of the queue
@@ -108,20 +113,26 @@ def complete(
     # match it; with a count, its resume tag follows it: the blind [Q1] / [Q2] writes
     # refuse on that). The contract's release and transfer ([L4] [T1]) do not remember
     # their owner (model ``mark_owner=False``: a plain owner is no signal).
+    # A partial report [G8] remembers its completed ids as one succeeded batch, then (when
+    # its owner did not succeed) the owner's failed entry as a batch of its own.
+    owner_ok = failure is None or failure.verdict(owner) == "ok"
     batch: list[Any] = list(done_ids)
-    if then.kind == "next" and owner not in done_ids:
+    if then.kind == "next" and owner_ok and owner not in done_ids:
         batch.append(owner)
-    if failure is not None:
-        batch = [[owner, own_attempts], resume_tag(owner)] if own_attempts else [[owner]]
-    mark = marker(now, token, failure is None)
+    if failure is not None and failure.completed is None:
+        batch = []
+    entries: list[Any] = [*batch, marker(now, token, True)] if batch else []
+    if not owner_ok:
+        failed_entry = [[owner, own_attempts], resume_tag(owner)] if own_attempts else [[owner]]
+        entries += [*failed_entry, marker(now, token, False)]
     version = new_nonce()
     values: dict[str, object] = {}
     condition = lease.pinned(COMPLETE_CONDITION, values)
     values.update({":me": owner, ":now": now, ":tok": token, ":v": version, ":empty": []})
     sets = list(COMPLETE_SETS)
-    if batch:
+    if entries:
         sets.append(REMEMBER_DONE)
-        values[":done"] = [*batch, mark]
+        values[":done"] = entries
     removes = list(COMPLETE_REMOVES)
     if dead:
         error = failure.error if failure else ""
@@ -212,10 +223,8 @@ def complete(
             return Retry(failed.lease)
     if drop:
         table.delete_signals(key, drop)
-    if batch:
-        prune(
-            table, key, [*lease.done, *(attribute_value(e) for e in batch), {"N": str(mark)}], now
-        )
+    if entries:
+        prune(table, key, [*lease.done, *(attribute_value(e) for e in entries)], now)
     return result
 
 

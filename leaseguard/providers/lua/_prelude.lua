@@ -316,7 +316,9 @@ local function remember_done(ids, token, ok, tries)
 end
 
 -- [G6] The owner (holding grant `token`) finished. `failure` is nil, or {error=, requeue_owner=,
--- max_attempts=, halt=}. Without a failure its in-flight signals are done (remembered for dedupe).
+-- max_attempts=, halt=}, with sets completed= and failed= in a partial report [G8]: completed
+-- ids are done, ids in neither never ran (back to the head, in order, their counts kept).
+-- Without a failure its in-flight signals are done (remembered for dedupe).
 -- After one, each gets one more attempt and goes to the dead letters at max_attempts (indexed in
 -- deadidx; with failure.halt the key is halted), else back to the head of the queue in in-flight
 -- order, except the owner's own when not requeue_owner: removed (the platform retries it), its
@@ -341,12 +343,18 @@ local function complete(owner, token, failure, mark_owner)
     end
     return
   end
-  local back = {}
+  local back, ok = {}, {}
   local own_tries = 0
   for i = 1, #ids do
     local id = ids[i]
     local tries = tonumber(attempts_of(id)) + 1
-    if tries >= failure.max_attempts then
+    if failure.completed and failure.completed[id] then -- [G8] it ran and succeeded
+      redis.call('HDEL', sigs, id)
+      redis.call('HDEL', attempts, id)
+      ok[#ok + 1] = id
+    elseif failure.completed and not failure.failed[id] then
+      back[#back + 1] = id -- [G8] it never ran: back to the head, its count kept
+    elseif tries >= failure.max_attempts then
       local entry = cjson.encode({n = redis.call('HLEN', dead) + 1,
                                   r = redis.call('HGET', sigs, id), a = tries,
                                   e = failure.error, at = now_ms()})
@@ -366,7 +374,11 @@ local function complete(owner, token, failure, mark_owner)
       own_tries = tries
     end
   end
-  remember_done({owner}, token, false, own_tries)
+  if #ok > 0 then
+    remember_done(ok, token, true)
+  end
+  local owner_ok = failure.completed and failure.completed[owner] or false
+  remember_done({owner}, token, owner_ok, own_tries)
   for i = #back, 1, -1 do
     redis.call('LPUSH', queue, back[i])
   end

@@ -1,6 +1,7 @@
 -- transfer_to_next: rows [N1]..[N5] (with [G2] [G3] [G4] [G6] [G7]).
 -- ARGV: member, owner, ttl_ms, claimed (1|0), token ('' for any), failed (1|0), error,
---       requeue_owner (1|0), max_attempts, halt (1|0: on_poison="halt")
+--       requeue_owner (1|0), max_attempts, halt (1|0: on_poison="halt"), then for a partial
+--       report [G8]: n, n completed ids, the failed ids
 --   -> {1, head, token, stored_head, attempts}   handed off
 --   -> {2}                                       released (or a resend of an applied step
 --                                                that released or completed)
@@ -131,6 +132,13 @@ local failure = nil
 if ARGV[6] == '1' then
   failure = {error = ARGV[7], requeue_owner = ARGV[8] == '1', max_attempts = tonumber(ARGV[9]),
              halt = ARGV[10] == '1'}
+  if ARGV[11] then
+    failure.completed, failure.failed = {}, {}
+    local n = tonumber(ARGV[11])
+    for i = 12, #ARGV do
+      (i < 12 + n and failure.completed or failure.failed)[ARGV[i]] = true
+    end
+  end
 end
 if not mine then
   -- [N4] a resend of a step that was applied: we handed over or released last, or our grant

@@ -211,6 +211,8 @@ class RedisLeaseProvider(BaseLeaseProvider):
                 failure.max_attempts,
                 int(failure.halt),
             )
+            if failure.completed is not None:  # [G8] a partial report: the ids it names
+                failed += (len(failure.completed), *failure.completed, *failure.failed)
         reply = self._run(
             TRANSFER_TO_NEXT_LUA, key, owner, ttl_ms, int(claim), fence_arg(token), *failed
         )
