@@ -25,13 +25,13 @@ class Handler:
     ``fail`` maps n to how many of its runs raise."""
 
     def __init__(
-        self, fail: dict[int, int] | None = None, work_s: float = 0.0, first_s: float = 0.0
+        self, fail: dict[int, int] | None = None, work_s: float = 0.0, slow: float = 0.0
     ) -> None:
         self.seen: list[tuple[int, str, int | None]] = []
         self.errors: list[str] = []
         self.fail = dict(fail or {})
         self.work_s = work_s
-        self.first_s = first_s  # the owner's own run (n == 0) takes this long instead
+        self.slow = slow  # the run of event 1 (the first one handed the key) takes this long
         self.gate, self.inside = threading.Event(), threading.Event()
         self.gate.set()
 
@@ -40,7 +40,7 @@ class Handler:
         self.seen.append((event["n"], lease.owner, lease.token))
         self.inside.set()
         self.gate.wait(10)
-        time.sleep(self.first_s if event["n"] == 0 and self.first_s else self.work_s)
+        time.sleep(self.slow if event["n"] == 1 and self.slow else self.work_s)
         if self.fail.get(event["n"], 0) > 0:
             self.fail[event["n"]] -= 1
             raise RuntimeError(f"run of {event['n']} failed")
@@ -50,6 +50,7 @@ class Handler:
 def queue_behind_owner(handler: Any, recorder: Handler, n: int, context: Any = None) -> Any:
     """The owner runs event 0 and waits on the gate while events 1..n are forwarded."""
     recorder.gate.clear()
+    recorder.inside.clear()
     result: dict[str, Any] = {}
 
     def own() -> None:
@@ -82,12 +83,13 @@ def test_a_drain_runs_the_queue_in_order_once_each_under_one_grant_per_batch(
     thread.join()
     assert result["r"] == "ok"
     assert [n for n, _, _ in recorder.seen] == list(range(8))
-    # 0 drains 1-3 under its grant; 4 is handed the key (a new token) and drains 5-7
+    # 0 had the key uncontended: it hands it to 1 (a new token), which drains 2-4 under its
+    # grant; 5 is handed the key next and drains 6 and 7
     owners = [owner for _, owner, _ in recorder.seen]
     tokens = [token for _, _, token in recorder.seen]
-    assert owners[1:4] == [owners[0]] * 3 and owners[5:] == [owners[4]] * 3
-    assert tokens[:4] == [tokens[0]] * 4 and tokens[4:] == [tokens[4]] * 4
-    assert tokens[0] is not None and tokens[4] is not None and tokens[4] > tokens[0]
+    assert owners[2:5] == [owners[1]] * 3 and owners[6:] == [owners[5]] * 2
+    assert tokens[1:5] == [tokens[1]] * 4 and tokens[5:] == [tokens[5]] * 3
+    assert len(set(tokens)) == 3 and tokens == sorted(tokens)  # type: ignore[type-var]
     idle(provider)
 
 
@@ -165,9 +167,40 @@ def test_what_a_take_moved_without_its_reply_goes_back_unrun(
     assert provider.inspect_key("d").dead_letters == ()
 
 
+class CountingTakes:
+    """The real provider; counts the ``take_signals`` calls made on it."""
+
+    def __init__(self, provider: BaseLeaseProvider) -> None:
+        self.provider = provider
+        self.takes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.provider, name)
+
+    def take_signals(self, *args: Any, **kwargs: Any) -> list[Signal]:
+        self.takes += 1
+        return self.provider.take_signals(*args, **kwargs)
+
+
+def test_an_owner_that_was_not_handed_the_key_takes_nothing(provider: BaseLeaseProvider) -> None:
+    counting = CountingTakes(provider)
+    recorder = Handler()
+    handler = lease_owned(lambda e: e["k"], provider=counting, ttl_ms=TTL, drain_batch=10)(recorder)
+    for n in range(3):  # uncontended: each acquires and releases, no round trip more
+        assert handler({"k": "d", "n": n}, LambdaContext()) == "ok"
+    assert counting.takes == 0
+    thread, _ = queue_behind_owner(handler, recorder, 3)
+    recorder.gate.set()
+    thread.join()
+    # 0 hands the key to 1, which takes 2 and 3 in one call; the drain then hands off once
+    assert counting.takes == 1
+    assert [n for n, _, _ in recorder.seen] == [0, 1, 2, 0, 1, 2, 3]
+    idle(provider)
+
+
 def test_a_batch_keeps_its_lease_renewed_past_the_ttl(provider: BaseLeaseProvider) -> None:
     lost: list[str] = []
-    recorder = Handler(work_s=0.35)
+    recorder = Handler(work_s=0.45)
     handler = lease_owned(
         lambda e: e["k"],
         provider=provider,
@@ -176,22 +209,22 @@ def test_a_batch_keeps_its_lease_renewed_past_the_ttl(provider: BaseLeaseProvide
         drain_batch=10,
         on_lost=lambda handle: lost.append(str(handle.lost_reason)),
     )(recorder)
-    thread, _ = queue_behind_owner(handler, recorder, 8)  # 9 runs: 3.15 s under one grant
+    thread, _ = queue_behind_owner(handler, recorder, 8)  # 1 drains 2-8: 3.2 s under one grant
     recorder.gate.set()
     thread.join()
     assert lost == []
     assert [n for n, _, _ in recorder.seen] == list(range(9))
-    assert len({token for _, _, token in recorder.seen}) == 1
+    assert len({token for _, _, token in recorder.seen[1:]}) == 1  # 1 drained 2-8
     idle(provider)
 
 
 @pytest.mark.parametrize("lease_backend", ["redis"], indirect=True)  # the renewer's own rule
 def test_the_drain_does_not_put_off_the_owners_next_renewal(provider: BaseLeaseProvider) -> None:
-    # Renewal due 2 s after the grant; the owner's run ends at about 1.6 s and the batch
-    # follows. Following the same grant again must keep that due time: put off to 3.6 s, the
-    # renewal would come after the 3 s TTL ran out.
+    # 1 is handed the key; its renewal is due 2 s after that grant. Its run ends at 1.6 s
+    # and its batch (2-4) follows. Following the same grant again must keep that due time:
+    # put off to 3.6 s, the renewal would come after the 3 s TTL ran out.
     lost: list[str] = []
-    recorder = Handler(work_s=0.6, first_s=1.6)
+    recorder = Handler(work_s=0.6, slow=1.6)
     handler = lease_owned(
         lambda e: e["k"],
         provider=provider,

@@ -315,7 +315,8 @@ class Flipper:
     """Another caller that flips the key between held and free just before each of the forward's
     writes: the worst interleaving of a hot key, where every write the forward bases on what
     it last saw (grant a free key, queue behind a held one) finds the other state. Flips for
-    ``seconds`` after the forward's first write (None: for ever)."""
+    ``seconds`` after the forward's first write (None: for ever), and at least ``min_flips``
+    times."""
 
     def __init__(self, forward: DynamoDBLeaseProvider, rival: DynamoDBLeaseProvider) -> None:
         self.client, self.rival = forward.client, rival
@@ -323,12 +324,15 @@ class Flipper:
         self.until: float | None = None
         self.holds = False
         self.flips = 0
+        self.min_flips = 6
         self.client.meta.events.register("before-send.dynamodb.UpdateItem", self)
 
     def __call__(self, **_: Any) -> None:
         if self.until is None:
             self.until = time.monotonic() + (self.seconds or 0)
-        if self.seconds is not None and time.monotonic() >= self.until:
+        # At least `min_flips` flips, however slow the machine: more than the immediate tries.
+        late = self.seconds is not None and time.monotonic() >= self.until
+        if late and self.flips >= self.min_flips:
             return
         if self.holds:
             self.rival.release_lease("k", "rival")

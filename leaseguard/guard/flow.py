@@ -156,6 +156,7 @@ class Invocation:
         primary_outcome: Outcome | None = None
         longest_ms = 0.0
         current: Signal | None = first
+        handed = False  # current was handed this key by the owner before it (a queue formed)
         while current is not None:
             handle = LeaseHandle(
                 provider,
@@ -214,7 +215,7 @@ class Invocation:
                     primary_outcome = Outcome(error=error)
             remote = not handle.settle() and self.place_next(longest_ms) == "remote"
             drained: Drained | None = None
-            if error is None and not remote and not handle.lost and self._drains():
+            if error is None and handed and not remote and not handle.lost and self._drains():
                 drained = yield from drain(
                     self, key, current, handle, renewer, primary=primary, longest_ms=longest_ms
                 )
@@ -257,12 +258,14 @@ class Invocation:
             if remote:
                 self._dispatch(Envelope(key, nxt.id, nxt.token or 0, nxt.payload))
                 break
-            current = nxt
+            current, handed = nxt, True
         return primary_outcome
 
     def _drains(self) -> bool:
-        """Whether this owner runs a batch behind its run (docs/protocol.md, row G8): a
-        provider that takes partial reports, and a batch of more than the run itself."""
+        """Whether owners run batches behind their runs (docs/protocol.md, row G8): a provider
+        that takes partial reports, and ``drain_batch`` set. Only a run that was handed the key
+        inline takes a batch: a queue formed behind its owner, so the take will likely find
+        some, whereas after an uncontended grant it would mostly be a wasted round trip."""
         provider = self.guard.provider
         return self.options.drain_batch > 0 and getattr(provider, "partial_reports", False)
 
