@@ -169,7 +169,7 @@ def test_works_without_powertools_installed(tmp_path: Any) -> None:
         """
         import sys, threading, logging
         sys.modules["aws_lambda_powertools"] = None  # as if it were not installed
-        logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format="%(message)s")
         from leaseguard import InMemoryLeaseProvider, current_lease, lease_owned
         from leaseguard.testing import LambdaContext
 
