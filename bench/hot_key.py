@@ -12,6 +12,10 @@ request id is the signal id), the default logger (worker stdout goes to ``/dev/n
 default TTL and renewal period. The only non-default setting is ``max_queue``: a bound the
 forwarders could hit (they outrun the owner) would make the run measure the retries.
 
+The same curve is measured with the decorator's ``drain_batch=--batch`` (100; 0 skips it): an
+owner that was handed the key takes up to that many queued events in one ``take_signals`` and
+runs them under its grant, one ``transfer_to_next`` per batch (docs/protocol.md, row G8).
+
 In the same run, on the same server and with the same client settings, the ceiling: one client
 calling ``EVALSHA`` of a trivial script (``return 1``) one at a time for ``--seconds``; and, for
 context, the server's parallel ceiling: the same loop in every worker process at once. Two
@@ -631,16 +635,22 @@ def no_renewer_thread() -> Iterator[None]:
 
 
 def owner_drain_us(
-    bench: Bench, n: int, *, take: int = 0, profile: cProfile.Profile | None = None
+    bench: Bench,
+    n: int,
+    *,
+    take: int = 0,
+    batch: int = 0,
+    profile: cProfile.Profile | None = None,
 ) -> float:
     """µs per event of one owner running ``n`` queued events inline, in this process: the
     handler's first run queues them (as forwards would), the timer starts then. With ``take``,
-    that run takes them itself, ``take_signals(take)`` at a time (the public API)."""
+    that run takes them itself, ``take_signals(take)`` at a time (the public API); with
+    ``batch``, the decorator's ``drain_batch``."""
     provider = bench.provider
     key = f"drain{uuid.uuid4().hex[:8]}"
     marks: dict[str, float] = {}
 
-    @lease_owned(lambda e: e["key"], provider=provider, handoff="inline")
+    @lease_owned(lambda e: e["key"], provider=provider, handoff="inline", drain_batch=batch or None)
     def handler(event: dict[str, Any], context: Any) -> None:
         if event["id"] == -1:
             for i in range(n):
@@ -818,7 +828,13 @@ def top_profile(title: str, n: int, run: Callable[[cProfile.Profile], Any], limi
 
 
 def profile_report(
-    bench: Bench, keys_list: list[int], events: int, drain: int, take: int, repeats: int = 5
+    bench: Bench,
+    keys_list: list[int],
+    events: int,
+    drain: int,
+    take: int,
+    batch: int,
+    repeats: int = 5,
 ) -> str:
     out = ["### Round trips per event (one untimed run per key count, counted by each process)"]
     out += ["", round_trips(bench, keys_list, events), ""]
@@ -826,6 +842,9 @@ def profile_report(
     out += ["### The scripts, one call at a time", "", costs, ""]
     quiet = logging.getLogger("bench.quiet")
     quiet.setLevel(logging.WARNING)
+
+    def batched(n: int) -> float:
+        return owner_drain_us(bench, n, batch=batch)
 
     def threadless(n: int) -> float:
         with no_renewer_thread():
@@ -836,6 +855,7 @@ def profile_report(
         ("owner drains its queue inline (the library as it is)",
          lambda n: owner_drain_us(bench, n)),
         ("the same without any renewer (diagnostic patch)", threadless),
+        (f"owner drains its queue with `drain_batch={batch}`", batched),
         ("bare `transfer_to_next` loop, no guard, no handler (the protocol's floor)",
          lambda n: bare_drain_us(bench, n)),
         ("a guarded call that forwards (default logger, stdout to /dev/null)",
@@ -1087,7 +1107,9 @@ def main(argv: list[str] | None = None) -> int:
             run_rounds(bench, configs, args.rounds)
             report = ""
             if not args.no_profile:
-                report = profile_report(bench, keys_list, args.events, args.drain, args.take)
+                report = profile_report(
+                    bench, keys_list, args.events, args.drain, args.take, args.batch or 100
+                )
         finally:
             workers.close()
             if bench is not None:

@@ -4,6 +4,7 @@ batch retries only what failed and keeps the rest in place (docs/protocol.md, ro
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -284,3 +285,31 @@ def test_drain_batch_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("LEASEGUARD_DRAIN_BATCH", "4")
     guarded = lease_owned("k")(lambda event, context: None)
     assert guarded.__leaseguard__.options.drain_batch == 4  # type: ignore[attr-defined]
+
+
+def test_an_async_handler_drains_the_same_way(provider: BaseLeaseProvider) -> None:
+    seen: list[tuple[int, int | None]] = []
+    inside, gate = threading.Event(), threading.Event()
+
+    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL, drain_batch=10)
+    async def handler(event: dict[str, Any], context: Any) -> str:
+        seen.append((event["n"], current_lease().token))
+        if event["n"] == 0:
+            inside.set()
+            await asyncio.to_thread(gate.wait, 10)
+        if event["n"] == 3 and [n for n, _ in seen].count(3) == 1:
+            raise RuntimeError("3 fails once")  # then 3 runs again, first
+        return "ok"
+
+    owner = threading.Thread(target=lambda: asyncio.run(handler({"k": "a", "n": 0}, None)))
+    owner.start()
+    assert inside.wait(10)
+    for n in range(1, 5):
+        forwarded = asyncio.run(handler({"k": "a", "n": n}, LambdaContext()))
+        assert forwarded["leaseguard"]["position"] == n
+    gate.set()
+    owner.join()
+    # 1 is handed the key and drains 2-4; 3 fails, so 4 goes back unrun behind it
+    assert [n for n, _ in seen] == [0, 1, 2, 3, 3, 4]
+    assert seen[1][1] == seen[2][1] == seen[3][1]
+    idle(provider, "a")
