@@ -134,19 +134,25 @@ def test_a_batch_signal_at_its_last_attempt_is_dead_lettered_and_the_rest_run(
     assert (state.owner, state.queued, state.in_flight) == (None, (), ())
 
 
-class LostTakeReplies:
-    """The real provider, whose ``take_signals`` replies are lost: the take applies, then the
-    caller sees an error (a timeout after the write, as on a dropped connection)."""
+class TakeSpy:
+    """The real provider, with its ``take_signals`` calls counted; with ``lose_replies`` their
+    replies are lost: the take applies, then the caller sees an error (a timeout after the
+    write, as on a dropped connection)."""
 
-    def __init__(self, provider: BaseLeaseProvider) -> None:
+    def __init__(self, provider: BaseLeaseProvider, *, lose_replies: bool = False) -> None:
         self.provider = provider
+        self.lose_replies = lose_replies
+        self.takes = 0
         self.lost = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.provider, name)
 
     def take_signals(self, *args: Any, **kwargs: Any) -> list[Signal]:
+        self.takes += 1
         taken = self.provider.take_signals(*args, **kwargs)
+        if not self.lose_replies:
+            return taken
         self.lost += len(taken)
         raise LeaseBackendError("the reply of take_signals was lost")
 
@@ -154,7 +160,7 @@ class LostTakeReplies:
 def test_what_a_take_moved_without_its_reply_goes_back_unrun(
     provider: BaseLeaseProvider,
 ) -> None:
-    lossy = LostTakeReplies(provider)
+    lossy = TakeSpy(provider, lose_replies=True)
     recorder = Handler()
     handler = lease_owned(lambda e: e["k"], provider=lossy, ttl_ms=TTL, drain_batch=3)(recorder)
     thread, result = queue_behind_owner(handler, recorder, 4)
@@ -168,23 +174,8 @@ def test_what_a_take_moved_without_its_reply_goes_back_unrun(
     assert provider.inspect_key("d").dead_letters == ()
 
 
-class CountingTakes:
-    """The real provider; counts the ``take_signals`` calls made on it."""
-
-    def __init__(self, provider: BaseLeaseProvider) -> None:
-        self.provider = provider
-        self.takes = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.provider, name)
-
-    def take_signals(self, *args: Any, **kwargs: Any) -> list[Signal]:
-        self.takes += 1
-        return self.provider.take_signals(*args, **kwargs)
-
-
 def test_an_owner_that_was_not_handed_the_key_takes_nothing(provider: BaseLeaseProvider) -> None:
-    counting = CountingTakes(provider)
+    counting = TakeSpy(provider)
     recorder = Handler()
     handler = lease_owned(lambda e: e["k"], provider=counting, ttl_ms=TTL, drain_batch=10)(recorder)
     for n in range(3):  # uncontended: each acquires and releases, no round trip more
@@ -199,21 +190,30 @@ def test_an_owner_that_was_not_handed_the_key_takes_nothing(provider: BaseLeaseP
     idle(provider)
 
 
-def test_a_batch_keeps_its_lease_renewed_past_the_ttl(provider: BaseLeaseProvider) -> None:
+def drain_with_renewals(
+    provider: BaseLeaseProvider, recorder: Handler, *, every_ms: int, queued: int
+) -> list[str]:
+    """``queued`` events behind an owner, drained 10 at a time under a 3 s TTL renewed every
+    ``every_ms``; the reasons of the leases lost on the way."""
     lost: list[str] = []
-    recorder = Handler(work_s=0.45)
     handler = lease_owned(
         lambda e: e["k"],
         provider=provider,
         ttl_ms=3_000,
-        renew_every_ms=500,
+        renew_every_ms=every_ms,
         drain_batch=10,
         on_lost=lambda handle: lost.append(str(handle.lost_reason)),
     )(recorder)
-    thread, _ = queue_behind_owner(handler, recorder, 8)  # 1 drains 2-8: 3.2 s under one grant
+    thread, _ = queue_behind_owner(handler, recorder, queued)
     recorder.gate.set()
     thread.join()
-    assert lost == []
+    return lost
+
+
+def test_a_batch_keeps_its_lease_renewed_past_the_ttl(provider: BaseLeaseProvider) -> None:
+    recorder = Handler(work_s=0.45)
+    # 1 drains 2-8: 3.2 s under one grant of 3 s
+    assert drain_with_renewals(provider, recorder, every_ms=500, queued=8) == []
     assert [n for n, _, _ in recorder.seen] == list(range(9))
     assert len({token for _, _, token in recorder.seen[1:]}) == 1  # 1 drained 2-8
     idle(provider)
@@ -224,20 +224,8 @@ def test_the_drain_does_not_put_off_the_owners_next_renewal(provider: BaseLeaseP
     # 1 is handed the key; its renewal is due 2 s after that grant. Its run ends at 1.6 s
     # and its batch (2-4) follows. Following the same grant again must keep that due time:
     # put off to 3.6 s, the renewal would come after the 3 s TTL ran out.
-    lost: list[str] = []
     recorder = Handler(work_s=0.6, slow=1.6)
-    handler = lease_owned(
-        lambda e: e["k"],
-        provider=provider,
-        ttl_ms=3_000,
-        renew_every_ms=2_000,
-        drain_batch=10,
-        on_lost=lambda handle: lost.append(str(handle.lost_reason)),
-    )(recorder)
-    thread, _ = queue_behind_owner(handler, recorder, 4)
-    recorder.gate.set()
-    thread.join()
-    assert lost == []
+    assert drain_with_renewals(provider, recorder, every_ms=2_000, queued=4) == []
     assert [n for n, _, _ in recorder.seen] == list(range(5))
     idle(provider)
 

@@ -204,9 +204,11 @@ class RedriveDrops(_Model):
         return moved
 
 
-class PartialUnrunCompleted(_Model):
-    """A partial report (G8) completes the ids it does not name, instead of requeueing them:
-    the signals of a batch that never ran are lost."""
+class _RewritesPartialReports(_Model):
+    """G6 applies a partial report (G8) as :meth:`rewrite` changes it."""
+
+    def rewrite(self, rec: KeyRecord, failure: Failure) -> Failure:
+        raise NotImplementedError
 
     def complete(
         self,
@@ -218,27 +220,25 @@ class PartialUnrunCompleted(_Model):
         mark_owner: bool = True,
     ) -> None:
         if failure is not None and failure.completed is not None:
-            ran = tuple(sid for sid in rec.in_flight if sid not in failure.failed)
-            failure = replace(failure, completed=ran)
+            failure = self.rewrite(rec, failure)
         super().complete(rec, owner, now, failure, mark_owner=mark_owner)
 
 
-class PartialCompletedRequeued(_Model):
-    """A partial report (G8) sends the ids it names as completed back to the queue: signals
-    that succeeded run again."""
+class PartialUnrunCompleted(_RewritesPartialReports):
+    """A partial report completes the ids it does not name, instead of requeueing them: the
+    signals of a batch that never ran are lost."""
 
-    def complete(
-        self,
-        rec: KeyRecord,
-        owner: str,
-        now: int,
-        failure: Failure | None = None,
-        *,
-        mark_owner: bool = True,
-    ) -> None:
-        if failure is not None and failure.completed is not None:
-            failure = replace(failure, completed=())
-        super().complete(rec, owner, now, failure, mark_owner=mark_owner)
+    def rewrite(self, rec: KeyRecord, failure: Failure) -> Failure:
+        ran = tuple(sid for sid in rec.in_flight if sid not in failure.failed)
+        return replace(failure, completed=ran)
+
+
+class PartialCompletedRequeued(_RewritesPartialReports):
+    """A partial report sends the ids it names as completed back to the queue: signals that
+    succeeded run again."""
+
+    def rewrite(self, rec: KeyRecord, failure: Failure) -> Failure:
+        return replace(failure, completed=())
 
 
 @dataclass(frozen=True)
