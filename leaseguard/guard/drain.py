@@ -78,11 +78,13 @@ def drain(
         )
         drained.cut = True
         return drained
+    if not batch:
+        return drained  # a plain success: nothing was queued
     renewer.follow(handle)  # the same grant: its next renewal stays due when it was
     try:
         for i, signal in enumerate(batch):
-            placement = invocation.guard.policy.place_next(invocation.context, drained.longest_ms)
-            if i and placement == "remote":
+            policy = invocation.guard.policy
+            if i and policy.place_next(invocation.context, drained.longest_ms) == "remote":
                 drained.cut = drained.remote = True
                 return drained
             telemetry.timing("LeaseWaitMs", now_ms() - signal.enqueued_at_ms)
