@@ -170,7 +170,9 @@ class SignalQueue(Protocol):
         ``token`` as in :meth:`take_signals`. ``error`` reports a failed run: every signal the
         owner holds goes back to the head of the queue with one more attempt, or to the key's
         dead letters at ``max_attempts``; ``requeue_owner=False`` leaves the owner's own signal
-        to the platform's retry (docs/protocol.md, row G6)."""
+        to the platform's retry (docs/protocol.md, row G6). A provider whose class sets
+        ``partial_reports`` (every built-in one) also takes ``completed=`` and ``failed=``,
+        a partial report (row G8), which the guard's ``drain_batch`` needs."""
         ...
 
     def claim_signal(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:
