@@ -39,6 +39,7 @@ def run_cli(*argv: str) -> int:
         (["simulate", "--memory", "--dynamodb"], "not allowed with argument"),
         (["simulate", "--redis-cluster"], "--redis-cluster needs --redis-url"),
         (["simulate", "--invocations", "many"], "invalid int value"),
+        (["simulate", "--drain-batch", "-1"], "drain_batch must be in [0, 1000]"),
         (["invoke", "nocolon", "--event", "x.json"], "cannot read the event"),
         (["sweep"], "one of the arguments --function --queue-url --print is required"),
         (["frobnicate"], "invalid choice"),
@@ -79,6 +80,15 @@ def test_simulate_on_the_embedded_default(capsys: pytest.CaptureFixture[str]) ->
     assert run_cli("simulate", "--invocations", "40", "--quiet") == 0
     out = capsys.readouterr().out
     assert "embedded Redis" in out and "verified" in out
+
+
+def test_simulate_with_a_drain_batch_verifies(capsys: pytest.CaptureFixture[str]) -> None:
+    code = run_cli(
+        "simulate", "--memory", "--invocations", "80", "--keys", "1", "--drain-batch", "5",
+        "--quiet",
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "verified" in out, out
 
 
 def test_simulate_exits_1_and_reports_violations(

@@ -301,3 +301,31 @@ def test_an_async_handler_drains_the_same_way(provider: BaseLeaseProvider) -> No
     assert [n for n, _ in seen] == [0, 1, 2, 3, 3, 4]
     assert seen[1][1] == seen[2][1] == seen[3][1]
     idle(provider, "a")
+
+
+def test_a_handler_that_takes_inside_a_batch_gets_the_batch_first(
+    provider: BaseLeaseProvider,
+) -> None:
+    """Found by ``leaseguard simulate --drain-batch`` (FIFO violations): a batch run's handler
+    that called take_signals got events queued after the rest of its batch, and ran them first.
+    The batch's next signals are older than anything queued: the handler gets those."""
+    order: list[int] = []
+    recorder = Handler()
+
+    def handler_that_takes(event: dict[str, Any], context: Any) -> str:
+        result = recorder(event, context)
+        order.append(event["n"])
+        if event["n"] == 2:
+            order.extend(s.payload["n"] for s in current_lease().take_signals(2))
+        return result
+
+    handler = lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL, drain_batch=3)(
+        handler_that_takes
+    )
+    thread, _ = queue_behind_owner(handler, recorder, 7)
+    recorder.gate.set()
+    thread.join()
+    # 1 is handed the key and takes 2-4; 2's handler takes 3 and 4 (not 5 and 6)
+    assert order == list(range(8))
+    assert [n for n, _, _ in recorder.seen] == [0, 1, 2, 5, 6, 7]
+    idle(provider)

@@ -46,6 +46,13 @@ def register(commands: Any) -> None:
         help="chance a handler run is SIGKILLed mid-work (default 0)",
     )
     load.add_argument("--ttl-ms", type=int, default=1_000, help="lease TTL (default 1000)")
+    load.add_argument(
+        "--drain-batch",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the decorator's drain_batch: owners run up to N queued events per grant (default 0)",
+    )
     load.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
     out = parser.add_argument_group("output")
     out.add_argument("--plot", metavar="FILE.png", help="write the timeline picture")
@@ -88,6 +95,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             work_ms=_work_range(args.work_ms),
             kill_rate=args.kill_rate,
             ttl_ms=args.ttl_ms,
+            drain_batch=args.drain_batch,
             burst=args.burst,
             seed=args.seed,
             lambda_timeout_ms=max(1_500, args.ttl_ms + 500),

@@ -81,12 +81,18 @@ def drain(
     if not batch:
         return drained  # a plain success: nothing was queued
     renewer.follow(handle)  # the same grant: its next renewal stays due when it was
+    # A run's handler that calls take_signals gets the batch's next signals first (FIFO);
+    # whatever is left here when the drain stops never ran.
+    handle.ahead = list(batch)
+    first = True
     try:
-        for i, signal in enumerate(batch):
+        while handle.ahead:
             policy = invocation.guard.policy
-            if i and policy.place_next(invocation.context, drained.longest_ms) == "remote":
+            if not first and policy.place_next(invocation.context, drained.longest_ms) == "remote":
                 drained.cut = drained.remote = True
                 return drained
+            first = False
+            signal = handle.ahead.pop(0)
             telemetry.timing("LeaseWaitMs", now_ms() - signal.enqueued_at_ms)
             mark = len(handle.taken)
             if signal.attempts >= options.max_attempts:
@@ -103,9 +109,9 @@ def drain(
                 error = outcome.error
                 if error is None and handle.take_failed:
                     error = LeaseBackendError("take_signals failed during the run")
-            if signal.id == primary:
-                drained.primary = Outcome(error=error) if error else outcome
             took = handle.taken[mark:]
+            if primary in (signal.id, *(s.id for s in took)):
+                drained.primary = Outcome(error=error) if error else outcome
             if error is not None:
                 reported = not handle.settle()
                 drained.failed = [signal, *took]
@@ -120,5 +126,7 @@ def drain(
             if handle.settle():
                 return drained  # lost: the caller hands nothing off
     finally:
+        drained.cut = drained.cut or bool(handle.ahead)
+        handle.ahead = []
         renewer.pause()
     return drained

@@ -23,7 +23,8 @@ class SimulationConfig:
     work_ms: tuple[int, int] = (5, 40)
     ttl_ms: int = 1_000
     kill_rate: float = 0.0
-    drain: int = 2
+    drain: int = 2  # the handler's own take_signals(drain) after its work
+    drain_batch: int = 0  # the decorator's drain_batch (batches under one grant, row G8)
     burst: int = 8
     gap_ms: int = 40
     lambda_timeout_ms: int = 1_500
@@ -43,6 +44,8 @@ class SimulationConfig:
         low, high = self.work_ms
         if not 0 <= low <= high:
             raise ValueError("work_ms must be (min, max) with 0 <= min <= max")
+        if not 0 <= self.drain_batch <= 1_000:
+            raise ValueError("drain_batch must be in [0, 1000]")
         if not 0.0 <= self.kill_rate < 1.0:
             raise ValueError("kill_rate must be in [0, 1)")
         if self.threads and self.kill_rate:

@@ -145,6 +145,7 @@ def _make_handler(
         logger=logger,
         max_attempts=config.max_attempts,
         on_lost=lost,
+        drain_batch=config.drain_batch,
     )
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         lease = current_lease()
