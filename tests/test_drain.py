@@ -234,17 +234,19 @@ def test_a_drain_stops_before_the_deadline_and_hands_the_rest_off(
     provider: BaseLeaseProvider,
 ) -> None:
     stub = StubLambda()
-    recorder = Handler(work_s=0.15)
+    # 9 runs of 0.2 s cannot all fit in 2 s less a 0.6 s margin (which also covers a slow
+    # backend's hand-off under load)
+    recorder = Handler(work_s=0.2)
     handler = lease_owned(
         lambda e: e["k"],
         provider=provider,
         ttl_ms=TTL,
         drain_batch=10,
         handoff="auto",
-        handoff_margin_ms=300,
+        handoff_margin_ms=600,
         lambda_client=stub,
     )(recorder)
-    context = LambdaContext(timeout_ms=1_000)
+    context = LambdaContext(timeout_ms=2_000)
     thread, result = queue_behind_owner(handler, recorder, 8, context)
     context.started_at = time.monotonic()  # its clock starts once the queue is full
     recorder.gate.set()
