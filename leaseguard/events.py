@@ -12,6 +12,8 @@ from typing import Any
 def as_json(event: Any) -> Any:
     """The JSON value stored for an event: the raw dict behind a Powertools data class, a
     pydantic model's JSON form, or the event itself."""
+    if type(event) is dict:  # the usual event: no wrapper to look into (a forward asks 5 times)
+        return event
     raw = getattr(event, "raw_event", None)
     if isinstance(raw, Mapping):
         return dict(raw)
@@ -34,6 +36,8 @@ def rebuild_like(template: Any, payload: Any) -> Any:
 
 
 def _mapping(event: Any) -> Mapping[str, Any] | None:
+    if type(event) is dict:
+        return event
     data = as_json(event)
     return data if isinstance(data, Mapping) else None
 

@@ -48,6 +48,9 @@ class Telemetry:
     # -- logs -------------------------------------------------------------------------------------
 
     def log(self, level: int, message: str, **fields: Any) -> None:
+        enabled = getattr(self.logger, "isEnabledFor", None)
+        if enabled is not None and not enabled(level):
+            return  # a forward's DEBUG line, at INFO: nothing to format
         if hasattr(self.logger, "append_keys"):  # Powertools Logger takes structured extras
             self.logger.log(level, message, extra=fields)
         else:
