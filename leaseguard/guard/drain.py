@@ -84,12 +84,11 @@ def drain(
     # A run's handler that calls take_signals gets the batch's next signals first (FIFO);
     # whatever is left here when the drain stops never ran.
     handle.ahead = list(batch)
-    first = True
+    policy, first = invocation.guard.policy, True
     try:
         while handle.ahead:
-            policy = invocation.guard.policy
             if not first and policy.place_next(invocation.context, drained.longest_ms) == "remote":
-                drained.cut = drained.remote = True
+                drained.remote = True  # the rest is handed off: `ahead` keeps it (cut below)
                 return drained
             first = False
             signal = handle.ahead.pop(0)

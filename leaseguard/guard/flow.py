@@ -240,7 +240,7 @@ class Invocation:
             if error is not None:
                 report |= {
                     "error": describe(error),
-                    "requeue_owner": not platform_retries or drained is not None,
+                    "requeue_owner": not platform_retries,
                     "max_attempts": options.max_attempts,
                 }
                 if options.on_poison != "skip":

@@ -119,8 +119,6 @@ def complete(
     batch: list[Any] = list(done_ids)
     if then.kind == "next" and owner_ok and owner not in done_ids:
         batch.append(owner)
-    if failure is not None and failure.completed is None:
-        batch = []
     entries: list[Any] = [*batch, marker(now, token, True)] if batch else []
     if not owner_ok:
         failed_entry = [[owner, own_attempts], resume_tag(owner)] if own_attempts else [[owner]]

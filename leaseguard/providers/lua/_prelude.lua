@@ -315,24 +315,27 @@ local function remember_done(ids, token, ok, tries)
   redis.call('PEXPIRE', donetok, DEDUPE_WINDOW_MS)
 end
 
--- [G6] The owner (holding grant `token`) finished. `failure` is nil, or {error=, requeue_owner=,
--- max_attempts=, halt=}, with sets completed= and failed= in a partial report [G8]: completed
--- ids are done, ids in neither never ran (back to the head, in order, their counts kept).
--- Without a failure its in-flight signals are done (remembered for dedupe).
--- After one, each gets one more attempt and goes to the dead letters at max_attempts (indexed in
--- deadidx; with failure.halt the key is halted), else back to the head of the queue in in-flight
--- order, except the owner's own when not requeue_owner: removed (the platform retries it), its
--- count kept in the owner's failed done entry, so that retry resumes it (store_new). The
--- owner's own id is remembered either way (ok = no failure): a resend of its step is recognised
--- by it after a newcomer overwrote p/pt [N4].
--- `mark_owner`: transfer_to_next remembers its owner's id with the token (row N4 needs it to
--- recognise a resend); the contract's release and transfer do not (a plain owner is no signal).
+-- Completed signals `ids` are no longer stored: their records and attempt counts go.
+local function unstore(ids)
+  each_chunk(ids, function(...) redis.call('HDEL', sigs, ...) end)
+  each_chunk(ids, function(...) redis.call('HDEL', attempts, ...) end)
+end
+
+-- [G6] The owner (holding grant `token`) finished. Without a `failure` its in-flight signals are
+-- done (remembered for dedupe). A failure {error=, requeue_owner=, max_attempts=, halt=} gives
+-- each one more attempt: dead-lettered at max_attempts (indexed in deadidx; halting the key with
+-- failure.halt), else back to the head in in-flight order, except the owner's own when not
+-- requeue_owner: removed (the platform retries it), its count kept in its failed done entry for
+-- that retry (store_new). A partial report [G8] adds sets completed= (done) and failed= (as
+-- above): an id in neither never ran and goes back with its count. The owner's id is remembered
+-- either way (ok when it completed): a resend of its step is recognised by it after a newcomer
+-- overwrote p/pt [N4]. `mark_owner`: only transfer_to_next remembers a successful owner (the
+-- contract's release and transfer do not: a plain owner is no signal).
 local function complete(owner, token, failure, mark_owner)
   local ids = redis.call('LRANGE', inflight, 0, -1)
   if not failure then
     if #ids > 0 then
-      each_chunk(ids, function(...) redis.call('HDEL', sigs, ...) end)
-      each_chunk(ids, function(...) redis.call('HDEL', attempts, ...) end)
+      unstore(ids)
       redis.call('DEL', inflight)
     end
     if mark_owner then
@@ -345,39 +348,41 @@ local function complete(owner, token, failure, mark_owner)
   end
   local back, ok = {}, {}
   local own_tries = 0
+  local partial = failure.completed
   for i = 1, #ids do
     local id = ids[i]
-    local tries = tonumber(attempts_of(id)) + 1
-    if failure.completed and failure.completed[id] then -- [G8] it ran and succeeded
-      redis.call('HDEL', sigs, id)
-      redis.call('HDEL', attempts, id)
-      ok[#ok + 1] = id
-    elseif failure.completed and not failure.failed[id] then
+    if partial and partial[id] then
+      ok[#ok + 1] = id -- [G8] it ran and succeeded
+    elseif partial and not failure.failed[id] then
       back[#back + 1] = id -- [G8] it never ran: back to the head, its count kept
-    elseif tries >= failure.max_attempts then
-      local entry = cjson.encode({n = redis.call('HLEN', dead) + 1,
-                                  r = redis.call('HGET', sigs, id), a = tries,
-                                  e = failure.error, at = now_ms()})
-      redis.call('HSET', dead, id, entry)
-      redis.call('HDEL', sigs, id)
-      redis.call('HDEL', attempts, id)
-      redis.call('ZADD', deadidx, 0, member)
-      if failure.halt then
-        set_halted(true)
-      end
-    elseif id ~= owner or failure.requeue_owner then
-      redis.call('HSET', attempts, id, tries)
-      back[#back + 1] = id
     else
-      redis.call('HDEL', sigs, id)
-      redis.call('HDEL', attempts, id)
-      own_tries = tries
+      local tries = tonumber(attempts_of(id)) + 1
+      if tries >= failure.max_attempts then
+        local entry = cjson.encode({n = redis.call('HLEN', dead) + 1,
+                                    r = redis.call('HGET', sigs, id), a = tries,
+                                    e = failure.error, at = now_ms()})
+        redis.call('HSET', dead, id, entry)
+        redis.call('HDEL', sigs, id)
+        redis.call('HDEL', attempts, id)
+        redis.call('ZADD', deadidx, 0, member)
+        if failure.halt then
+          set_halted(true)
+        end
+      elseif id ~= owner or failure.requeue_owner then
+        redis.call('HSET', attempts, id, tries)
+        back[#back + 1] = id
+      else
+        redis.call('HDEL', sigs, id)
+        redis.call('HDEL', attempts, id)
+        own_tries = tries
+      end
     end
   end
   if #ok > 0 then
+    unstore(ok)
     remember_done(ok, token, true)
   end
-  local owner_ok = failure.completed and failure.completed[owner] or false
+  local owner_ok = partial and partial[owner] or false
   remember_done({owner}, token, owner_ok, own_tries)
   for i = #back, 1, -1 do
     redis.call('LPUSH', queue, back[i])
