@@ -69,6 +69,18 @@ def queue_behind_owner(handler: Any, recorder: Handler, n: int, context: Any = N
     return thread, result
 
 
+def drain_behind_owner(
+    provider: Any, handler_fn: Any, recorder: Handler, queued: int, **options: Any
+) -> dict[str, Any]:
+    """``handler_fn`` guarded with ``options`` (key ``k``, TTL unless given): event 0 owns the
+    key while 1..``queued`` are forwarded, then it drains them. The owner's result."""
+    guarded = lease_owned(lambda e: e["k"], provider=provider, **{"ttl_ms": TTL, **options})
+    thread, result = queue_behind_owner(guarded(handler_fn), recorder, queued)
+    recorder.gate.set()
+    thread.join()
+    return result
+
+
 def idle(provider: BaseLeaseProvider, key: str = "d") -> None:
     state = provider.inspect_key(key)
     assert (state.owner, state.queued, state.in_flight) == (None, (), ())
@@ -78,10 +90,7 @@ def test_a_drain_runs_the_queue_in_order_once_each_under_one_grant_per_batch(
     provider: BaseLeaseProvider,
 ) -> None:
     recorder = Handler()
-    handler = lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL, drain_batch=3)(recorder)
-    thread, result = queue_behind_owner(handler, recorder, 7)
-    recorder.gate.set()
-    thread.join()
+    result = drain_behind_owner(provider, recorder, recorder, 7, drain_batch=3)
     assert result["r"] == "ok"
     assert [n for n, _, _ in recorder.seen] == list(range(8))
     # 0 had the key uncontended: it hands it to 1 (a new token), which drains 2-4 under its
@@ -99,16 +108,14 @@ def test_a_failure_in_a_batch_retries_that_signal_first_and_runs_nothing_twice(
 ) -> None:
     recorder = Handler(fail={2: 1})
     failed: list[int] = []
-    handler = lease_owned(
-        lambda e: e["k"],
-        provider=provider,
-        ttl_ms=TTL,
+    result = drain_behind_owner(
+        provider,
+        recorder,
+        recorder,
+        5,
         drain_batch=5,
         on_signal_error=lambda signal, exc: failed.append(signal.payload["n"]),
-    )(recorder)
-    thread, result = queue_behind_owner(handler, recorder, 5)
-    recorder.gate.set()
-    thread.join()
+    )
     assert result["r"] == "ok"
     # 2 failed once, went back to the head, ran again first; 3-5 kept their place
     assert [n for n, _, _ in recorder.seen] == [0, 1, 2, 2, 3, 4, 5]
@@ -121,12 +128,7 @@ def test_a_batch_signal_at_its_last_attempt_is_dead_lettered_and_the_rest_run(
     provider: BaseLeaseProvider,
 ) -> None:
     recorder = Handler(fail={3: 5})
-    handler = lease_owned(
-        lambda e: e["k"], provider=provider, ttl_ms=TTL, drain_batch=10, max_attempts=1
-    )(recorder)
-    thread, _ = queue_behind_owner(handler, recorder, 5)
-    recorder.gate.set()
-    thread.join()
+    drain_behind_owner(provider, recorder, recorder, 5, drain_batch=10, max_attempts=1)
     assert [n for n, _, _ in recorder.seen] == [0, 1, 2, 3, 4, 5]
     state = provider.inspect_key("d")
     assert [(d.payload["n"], d.attempts) for d in state.dead_letters] == [(3, 1)]
@@ -162,10 +164,7 @@ def test_what_a_take_moved_without_its_reply_goes_back_unrun(
 ) -> None:
     lossy = TakeSpy(provider, lose_replies=True)
     recorder = Handler()
-    handler = lease_owned(lambda e: e["k"], provider=lossy, ttl_ms=TTL, drain_batch=3)(recorder)
-    thread, result = queue_behind_owner(handler, recorder, 4)
-    recorder.gate.set()
-    thread.join()
+    result = drain_behind_owner(lossy, recorder, recorder, 4, drain_batch=3)
     assert result["r"] == "ok"
     assert lossy.lost > 0  # takes did move signals the owner never saw
     # each went back unrun, with no attempt counted, and ran once, in order
@@ -181,9 +180,7 @@ def test_an_owner_that_was_not_handed_the_key_takes_nothing(provider: BaseLeaseP
     for n in range(3):  # uncontended: each acquires and releases, no round trip more
         assert handler({"k": "d", "n": n}, LambdaContext()) == "ok"
     assert counting.takes == 0
-    thread, _ = queue_behind_owner(handler, recorder, 3)
-    recorder.gate.set()
-    thread.join()
+    drain_behind_owner(counting, recorder, recorder, 3, drain_batch=10)
     # 0 hands the key to 1, which takes 2 and 3 in one call; the drain then hands off once
     assert counting.takes == 1
     assert [n for n, _, _ in recorder.seen] == [0, 1, 2, 0, 1, 2, 3]
@@ -196,17 +193,16 @@ def drain_with_renewals(
     """``queued`` events behind an owner, drained 10 at a time under a 3 s TTL renewed every
     ``every_ms``; the reasons of the leases lost on the way."""
     lost: list[str] = []
-    handler = lease_owned(
-        lambda e: e["k"],
-        provider=provider,
+    drain_behind_owner(
+        provider,
+        recorder,
+        recorder,
+        queued,
         ttl_ms=3_000,
         renew_every_ms=every_ms,
         drain_batch=10,
         on_lost=lambda handle: lost.append(str(handle.lost_reason)),
-    )(recorder)
-    thread, _ = queue_behind_owner(handler, recorder, queued)
-    recorder.gate.set()
-    thread.join()
+    )
     return lost
 
 
@@ -321,12 +317,7 @@ def test_a_handler_that_takes_inside_a_batch_gets_the_batch_first(
             order.extend(s.payload["n"] for s in current_lease().take_signals(2))
         return result
 
-    handler = lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL, drain_batch=3)(
-        handler_that_takes
-    )
-    thread, _ = queue_behind_owner(handler, recorder, 7)
-    recorder.gate.set()
-    thread.join()
+    drain_behind_owner(provider, handler_that_takes, recorder, 7, drain_batch=3)
     # 1 is handed the key and takes 2-4; 2's handler takes 3 and 4 (not 5 and 6)
     assert order == list(range(8))
     assert [n for n, _, _ in recorder.seen] == [0, 1, 2, 5, 6, 7]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -14,9 +15,10 @@ from leaseguard.config import ProviderConfig
 from leaseguard.protocol.mutants import HandoffKeepsToken
 from leaseguard.providers.memory import InMemoryLeaseProvider
 from leaseguard.simulate.checker import check
-from leaseguard.simulate.config import SimulationConfig
 from leaseguard.simulate.engine import Simulation
-from tests.test_faults_crash import KILL_RATE, account_for_reruns
+from tests.test_faults_crash import account_for_reruns, crash_config
+from tests.test_guard_processes import burst_config
+from tests.test_simulate import simulate
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -31,21 +33,8 @@ def test_a_burst_on_one_key_drained_in_batches_runs_each_event_once(
     config_of: ProviderConfig,
 ) -> None:
     events = 200
-    config = SimulationConfig(
-        config_of,
-        workers=8,
-        invocations=events,
-        keys=1,
-        work_ms=(1, 4),
-        burst=40,
-        gap_ms=30,
-        drain=2,  # the handler also takes 2 after its work: it must get the batch's next ones
-        drain_batch=10,
-        threads=config_of.backend == "memory",
-        ttl_ms=10_000,  # no lapse: every event exactly once (see test_guard_processes)
-        lambda_timeout_ms=60_000,
-        quiesce_timeout_s=180,
-    )
+    # the handler also takes 2 after its work (drain=2): it must get the batch's next ones
+    config = replace(burst_config(config_of, events), drain_batch=10)
     result = Simulation(config).run()
     assert result.quiesced, result.stuck
     report = check(result.records, [e["id"] for e in result.events])
@@ -65,20 +54,7 @@ def test_owners_killed_while_draining_batches_lose_nothing(redis_url: str) -> No
     backend = ProviderConfig(
         backend="redis", redis_url=redis_url, key_prefix=f"k{uuid.uuid4().hex[:8]}:"
     )
-    config = SimulationConfig(
-        backend,
-        workers=4,
-        invocations=100,
-        keys=2,
-        work_ms=(5, 20),
-        kill_rate=KILL_RATE,
-        ttl_ms=1_500,
-        sweep_every_ms=100,
-        drain=2,
-        drain_batch=5,
-        seed=13,
-        quiesce_timeout_s=120,
-    )
+    config = replace(crash_config(backend), drain_batch=5, seed=13)
     result = Simulation(config).run()
     assert result.quiesced, result.stuck
     assert result.kills > 0
@@ -92,18 +68,5 @@ def test_owners_killed_while_draining_batches_lose_nothing(redis_url: str) -> No
 def test_a_hand_off_that_keeps_its_token_is_caught_even_with_batches() -> None:
     """The checker lets runs share a token only under one grant (the same owner): a backend
     whose hand-off reuses the token is still a fencing violation when the owners drain."""
-    provider = InMemoryLeaseProvider(model=HandoffKeepsToken())
-    config = SimulationConfig(
-        ProviderConfig(backend="memory"),
-        workers=4,
-        invocations=150,
-        keys=2,
-        work_ms=(2, 8),
-        drain=0,
-        drain_batch=5,
-        threads=True,
-        quiesce_timeout_s=30,
-    )
-    result = Simulation(config, provider=provider).run()
-    report = check(result.records, [e["id"] for e in result.events])
-    assert report.by_kind()["token"] > 0, report.violations
+    _, report = simulate(InMemoryLeaseProvider(model=HandoffKeepsToken()), drain=0, drain_batch=5)
+    assert report.by_kind()["token"] > 0, report.violations  # type: ignore[attr-defined]

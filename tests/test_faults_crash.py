@@ -132,9 +132,10 @@ def account_for_reruns(records: list[dict[str, Any]]) -> Reruns:
     return reruns
 
 
-def test_owners_killed_mid_burst_lose_nothing(backend: ProviderConfig) -> None:
+def crash_config(backend: ProviderConfig) -> SimulationConfig:
+    """4 workers on 3 keys, a few of their handler runs SIGKILLed, a sweeper every 100 ms."""
     dynamodb = backend.backend == "dynamodb"
-    config = SimulationConfig(
+    return SimulationConfig(
         backend,
         workers=4,
         invocations=(120 if dynamodb else 200) // EVENTS_SCALE,
@@ -153,6 +154,10 @@ def test_owners_killed_mid_burst_lose_nothing(backend: ProviderConfig) -> None:
         seed=11,
         quiesce_timeout_s=120,
     )
+
+
+def test_owners_killed_mid_burst_lose_nothing(backend: ProviderConfig) -> None:
+    config = crash_config(backend)
     result = Simulation(config).run()
     assert result.quiesced, result.stuck  # nothing left queued or in flight anywhere
     assert result.kills > 0

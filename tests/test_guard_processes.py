@@ -48,9 +48,9 @@ BURST = 200
 DYNAMODB_BURST = BURST if os.environ.get("LEASEGUARD_SOAK") == "1" else 120
 
 
-def test_a_burst_on_one_key_from_8_workers(backend_config: ProviderConfig) -> None:
-    events = DYNAMODB_BURST if backend_config.backend == "dynamodb" else BURST
-    config = SimulationConfig(
+def burst_config(backend_config: ProviderConfig, events: int) -> SimulationConfig:
+    """``events`` on one key from 8 workers in bursts, every hand-off inline, no lapse."""
+    return SimulationConfig(
         backend_config,
         workers=8,
         invocations=events,
@@ -69,6 +69,11 @@ def test_a_burst_on_one_key_from_8_workers(backend_config: ProviderConfig) -> No
         lambda_timeout_ms=60_000,  # plenty: every handoff runs inline here
         quiesce_timeout_s=180,
     )
+
+
+def test_a_burst_on_one_key_from_8_workers(backend_config: ProviderConfig) -> None:
+    events = DYNAMODB_BURST if backend_config.backend == "dynamodb" else BURST
+    config = burst_config(backend_config, events)
     result = Simulation(config).run()
     assert result.quiesced, result.stuck
     report = check(result.records, [e["id"] for e in result.events])
