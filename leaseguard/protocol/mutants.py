@@ -94,8 +94,11 @@ class GrantResendUnrecognised(_Model):
         return result
 
 
-class FailureDropsTaken(_Model):
-    """A failed run completes the signals it took instead of retrying them."""
+class _RewritesFailures(_Model):
+    """G6 applies a failure report as :meth:`rewrite` changes it (and the record with it)."""
+
+    def rewrite(self, rec: KeyRecord, owner: str, failure: Failure) -> Failure:
+        raise NotImplementedError
 
     def complete(
         self,
@@ -107,10 +110,18 @@ class FailureDropsTaken(_Model):
         mark_owner: bool = True,
     ) -> None:
         if failure is not None:
-            for sid in [s for s in rec.in_flight if s != owner]:
-                rec.stored.pop(sid)
-                rec.in_flight.remove(sid)
+            failure = self.rewrite(rec, owner, failure)
         super().complete(rec, owner, now, failure, mark_owner=mark_owner)
+
+
+class FailureDropsTaken(_RewritesFailures):
+    """A failed run completes the signals it took instead of retrying them."""
+
+    def rewrite(self, rec: KeyRecord, owner: str, failure: Failure) -> Failure:
+        for sid in [s for s in rec.in_flight if s != owner]:
+            rec.stored.pop(sid)
+            rec.in_flight.remove(sid)
+        return failure
 
 
 class NoDedupeAfterCompletion(_Model):
@@ -204,41 +215,23 @@ class RedriveDrops(_Model):
         return moved
 
 
-class _RewritesPartialReports(_Model):
-    """G6 applies a partial report (G8) as :meth:`rewrite` changes it."""
+class PartialUnrunCompleted(_RewritesFailures):
+    """A partial report (G8) completes the ids it does not name, instead of requeueing them:
+    the signals of a batch that never ran are lost."""
 
-    def rewrite(self, rec: KeyRecord, failure: Failure) -> Failure:
-        raise NotImplementedError
-
-    def complete(
-        self,
-        rec: KeyRecord,
-        owner: str,
-        now: int,
-        failure: Failure | None = None,
-        *,
-        mark_owner: bool = True,
-    ) -> None:
-        if failure is not None and failure.completed is not None:
-            failure = self.rewrite(rec, failure)
-        super().complete(rec, owner, now, failure, mark_owner=mark_owner)
-
-
-class PartialUnrunCompleted(_RewritesPartialReports):
-    """A partial report completes the ids it does not name, instead of requeueing them: the
-    signals of a batch that never ran are lost."""
-
-    def rewrite(self, rec: KeyRecord, failure: Failure) -> Failure:
+    def rewrite(self, rec: KeyRecord, owner: str, failure: Failure) -> Failure:
+        if failure.completed is None:
+            return failure
         ran = tuple(sid for sid in rec.in_flight if sid not in failure.failed)
         return replace(failure, completed=ran)
 
 
-class PartialCompletedRequeued(_RewritesPartialReports):
-    """A partial report sends the ids it names as completed back to the queue: signals that
-    succeeded run again."""
+class PartialCompletedRequeued(_RewritesFailures):
+    """A partial report (G8) sends the ids it names as completed back to the queue: signals
+    that succeeded run again."""
 
-    def rewrite(self, rec: KeyRecord, failure: Failure) -> Failure:
-        return replace(failure, completed=())
+    def rewrite(self, rec: KeyRecord, owner: str, failure: Failure) -> Failure:
+        return failure if failure.completed is None else replace(failure, completed=())
 
 
 @dataclass(frozen=True)
