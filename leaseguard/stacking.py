@@ -103,6 +103,8 @@ def check_not_inside_idempotency(wrapper_marker: object, name: str) -> None:
     """Raise :class:`ConfigurationError` if this call of the guarded handler (the function
     whose ``__leaseguard__`` is ``wrapper_marker``) is made by Powertools' idempotency handler:
     ``@idempotent`` was put outside ``@lease_owned``."""
+    if _IDEMPOTENCY_MODULE not in sys.modules:
+        return  # no frame can belong to a package never imported (the usual case: free)
     frame: FrameType | None = sys._getframe(1)
     for _ in range(_MAX_FRAMES):
         if frame is None:

@@ -32,3 +32,9 @@ def slot_tags() -> tuple[str, ...]:
             missing -= 1
         n += 1
     return tuple(t for t in tags if t is not None)
+
+
+def slot_index_key(prefix: str, slot: int, name: str) -> str:
+    """On Cluster, slot ``slot``'s index ``name`` (``index``: keys with pending work,
+    ``deadindex``: keys with dead letters), in that slot itself."""
+    return f"{prefix}{{{slot_tags()[slot]}}}:{name}"

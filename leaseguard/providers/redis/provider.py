@@ -15,7 +15,7 @@ from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES
 
 from .codec import as_text, dead_letters, fence_arg, listed_signals, owning_signal
 from .connection import connect
-from .keys import CLUSTER_SLOTS, escape_key, key_slot, slot_tags
+from .keys import escape_key, key_slot, slot_index_key
 from .scripts import (
     ACQUIRE_LUA,
     ACQUIRE_OR_ENQUEUE_LUA,
@@ -30,6 +30,7 @@ from .scripts import (
     TRANSFER_TO_NEXT_LUA,
     LuaScript,
 )
+from .slots import SlotIndexes
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -65,6 +66,9 @@ class RedisLeaseProvider(BaseLeaseProvider):
         self.client = client
         self.prefix = prefix
         self.cluster = isinstance(client, RedisCluster)
+        self._slot_indexes = (
+            SlotIndexes(client, prefix) if isinstance(client, RedisCluster) else None
+        )
         self._keys: dict[str, list[str]] = {}
         self._redis_error = redis.exceptions.RedisError
         self._no_script = redis.exceptions.NoScriptError
@@ -117,7 +121,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
     def _index_key(self, slot: int, name: str = "index") -> str:
         """The orphan index (``index``) or the dead-letter index (``deadindex``) of a slot."""
         if self.cluster:
-            return f"{self.prefix}{{{slot_tags()[slot]}}}:{name}"
+            return slot_index_key(self.prefix, slot, name)
         return f"{self.prefix}{name}"
 
     def _run(self, script: LuaScript, key: str, *args: str | int) -> Any:
@@ -247,17 +251,15 @@ class RedisLeaseProvider(BaseLeaseProvider):
         """Keys whose indexed deadline passed. The deadline is a hint: the adopt script checks
         the lease itself, so a client clock a little off only delays or repeats a check."""
         import redis
+        from redis.exceptions import RedisClusterException
 
         now = now_ms()
         try:
-            if not self.cluster:
+            if self._slot_indexes is None:
                 found = self.client.zrangebyscore(self._index_key(0), "-inf", now, 0, limit)
             else:
-                pipe = self.client.pipeline(transaction=False)
-                for slot in range(CLUSTER_SLOTS):
-                    pipe.zrangebyscore(self._index_key(slot), "-inf", now, 0, limit)
-                found = [member for batch in pipe.execute() for member in batch]
-        except redis.exceptions.RedisError as exc:
+                found = self._slot_indexes.orphans("index", now, limit)
+        except (redis.exceptions.RedisError, RedisClusterException) as exc:
             raise LeaseBackendError(f"Redis orphan index read failed: {exc}") from exc
         return [as_text(m) for m in found[:limit]]
 
@@ -285,15 +287,13 @@ class RedisLeaseProvider(BaseLeaseProvider):
         """From the dead-letter index (members scored 0, so each index lists its keys in byte
         order); on Cluster every slot's index, ``limit`` from each, the first ``limit`` of all."""
         import redis
+        from redis.exceptions import RedisClusterException
 
         try:
-            if not self.cluster:
+            if self._slot_indexes is None:
                 found = self.client.zrange(self._index_key(0, "deadindex"), 0, limit - 1)
             else:
-                pipe = self.client.pipeline(transaction=False)
-                for slot in range(CLUSTER_SLOTS):
-                    pipe.zrange(self._index_key(slot, "deadindex"), 0, limit - 1)
-                found = [member for batch in pipe.execute() for member in batch]
-        except redis.exceptions.RedisError as exc:
+                found = self._slot_indexes.members("deadindex", limit)
+        except (redis.exceptions.RedisError, RedisClusterException) as exc:
             raise LeaseBackendError(f"Redis dead-letter index read failed: {exc}") from exc
         return sorted(as_text(m) for m in found)[:limit]

@@ -53,6 +53,13 @@ def _lua(name: str) -> LuaScript:
     return LuaScript(name, text, hashlib.sha1(text.encode("utf-8")).hexdigest())
 
 
+def _plain_lua(name: str) -> LuaScript:
+    """A script that is no protocol step: its own text only (its first line may be a shebang,
+    which must stay first)."""
+    text = (resources.files("leaseguard.providers") / "lua" / f"{name}.lua").read_text("utf-8")
+    return LuaScript(name, text, hashlib.sha1(text.encode("utf-8")).hexdigest())
+
+
 ACQUIRE_LUA = _lua("acquire")
 RENEW_LUA = _lua("renew")
 RELEASE_LUA = _lua("release")
@@ -64,6 +71,7 @@ CLAIM_SIGNAL_LUA = _lua("claim_signal")
 ADOPT_LUA = _lua("adopt")
 INSPECT_LUA = _lua("inspect")
 REDRIVE_LUA = _lua("redrive")
+SCAN_SLOT_INDEXES_LUA = _plain_lua("scan_slot_indexes")  # Cluster only, Redis 7+
 
 SCRIPTS = (
     ACQUIRE_LUA,
@@ -77,6 +85,7 @@ SCRIPTS = (
     ADOPT_LUA,
     INSPECT_LUA,
     REDRIVE_LUA,
+    SCAN_SLOT_INDEXES_LUA,
 )
 
 ACL_COMMANDS: tuple[str, ...] = tuple(
