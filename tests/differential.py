@@ -246,19 +246,17 @@ def model_side(name: str = "model", **options: Any) -> Side:
 
 
 class ResendingRedis:
-    """Wraps a redis-py client: while ``twice`` is set every script command is sent twice (a
-    reply lost after Redis ran it, then redis-py's resend of the very same command)."""
+    """Wraps what a Redis provider sends its scripts with (``provider.execute``): while
+    ``twice`` is set every script command is sent twice (a reply lost after Redis ran it, then
+    the resend of the very same command)."""
 
-    def __init__(self, client: Any) -> None:
-        self._client, self.twice = client, False
+    def __init__(self, execute: Callable[..., Any]) -> None:
+        self._execute, self.twice = execute, False
 
-    def execute_command(self, *args: Any, **options: Any) -> Any:
+    def __call__(self, *args: Any, **options: Any) -> Any:
         if self.twice and args and str(args[0]).upper() == "EVALSHA":
-            self._client.execute_command(*args, **options)
-        return self._client.execute_command(*args, **options)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
+            self._execute(*args, **options)
+        return self._execute(*args, **options)
 
 
 def redis_side(client: Any, name: str = "redis") -> Side:
@@ -266,8 +264,8 @@ def redis_side(client: Any, name: str = "redis") -> Side:
     from leaseguard.providers.redis import provider as redis_provider_module
 
     provider = RedisLeaseProvider(client, prefix=f"d{uuid.uuid4().hex[:10]}:")
-    hook = ResendingRedis(client)
-    provider.client = hook  # type: ignore[assignment]
+    hook = ResendingRedis(provider.execute)
+    provider.execute = hook
     return Side(
         name,
         provider,

@@ -485,22 +485,27 @@ def test_a_forward_resent_after_it_ran_is_a_duplicate(make: Make, clock: Clock) 
 
 
 def test_completed_ids_are_remembered_in_the_lease_item_and_pruned(
-    make: Make, clock: Clock
+    make: Make, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from leaseguard.providers.dynamodb import complete
+
+    # the completer prunes once PRUNE_MIN (64) forgotten elements piled up: 8 here, so that 12
+    # completions (24 elements) show it without 160 requests
+    monkeypatch.setattr(complete, "PRUNE_MIN", 8)
     provider = make()
-    for n in range(80):
+    for n in range(12):
         result = provider.acquire_or_enqueue(KEY, sig(f"s{n}", n), TTL)
         assert result.acquired
         assert provider.transfer_to_next(KEY, f"s{n}", TTL, token=result.token) is None
-    assert len(lease_item(provider)["d"]["L"]) == 160  # an id and a marker per completion
+    assert len(lease_item(provider)["d"]["L"]) == 24  # an id and a marker per completion
     again = provider.acquire_or_enqueue(KEY, sig("s0"), TTL)
     assert (again.acquired, again.owner) == (False, None)  # [Q5]
     clock.now += DEDUPE_WINDOW_MS + 1
-    last = provider.acquire_or_enqueue(KEY, sig("s79", 79), TTL)  # forgotten: runs again
+    last = provider.acquire_or_enqueue(KEY, sig("s11", 11), TTL)  # forgotten: runs again
     assert last.acquired
-    assert provider.transfer_to_next(KEY, "s79", TTL, token=last.token) is None
+    assert provider.transfer_to_next(KEY, "s11", TTL, token=last.token) is None
     # The completer dropped the forgotten batches from the head of d (one extra write).
-    assert len(lease_item(provider)["d"]["L"]) < 160
+    assert len(lease_item(provider)["d"]["L"]) == 2
     # Nothing is left: the duplicate's record was inline in its refused grant, which stored
     # nothing (a payload item of a duplicate would be left to its TTL).
     assert list(payload_items(provider).values()) == []

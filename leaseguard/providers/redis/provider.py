@@ -15,6 +15,7 @@ from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES
 
 from .codec import as_text, dead_letters, fence_arg, listed_signals, owning_signal
 from .connection import connect
+from .direct import direct_calls
 from .keys import escape_key, key_slot, slot_index_key
 from .scripts import (
     ACQUIRE_LUA,
@@ -64,6 +65,9 @@ class RedisLeaseProvider(BaseLeaseProvider):
         from redis.cluster import RedisCluster
 
         self.client = client
+        self.execute: Callable[..., Any] = direct_calls(client) or client.execute_command
+        """What every script run is sent with: :class:`~.direct.DirectCalls` for a plain
+        standalone client, else the client's ``execute_command``."""
         self.prefix = prefix
         self.cluster = isinstance(client, RedisCluster)
         self._slot_indexes = (
@@ -126,8 +130,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
 
     def _run(self, script: LuaScript, key: str, *args: str | int) -> Any:
         keys = self._keys.get(key) or self.redis_keys(key)
-        # execute_command, not Script.__call__: a third of the client-side cost of a call
-        execute: Callable[..., Any] = self.client.execute_command
+        execute = self.execute  # not Script.__call__: a third of the client-side cost of a call
         try:
             try:
                 return execute("EVALSHA", script.sha, len(keys), *keys, key, *args)

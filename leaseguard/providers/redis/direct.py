@@ -1,0 +1,103 @@
+"""Script runs sent on connections the provider keeps, without redis-py's per-command machinery.
+
+``Redis.execute_command`` takes a connection from the pool and gives it back for every command,
+and redis-py 8 adds its observability hooks and a ``poll()`` of the socket to each: about 50 µs
+of Python per command on the 2-core VM of docs/benchmarks.md, as much as the round trip itself
+on loopback, and every lease operation is one command. :class:`DirectCalls` keeps the
+connections it has taken from the client's pool (one per caller running at the same moment:
+usually two, the handler's thread and the renewer's) and sends each command on one of them,
+under the connection's own retry policy, the one ``execute_command`` applies: a connection that
+drops is reconnected and the command sent again, as before (every script is safe to run twice),
+and one found closed while idle is reconnected before it is used, as the pool does.
+
+Only a plain standalone ``redis.Redis`` gets it (not a single-connection client, not a subclass,
+whose ``execute_command`` may do more, not Cluster, which must route each command); the others
+keep ``execute_command``. The connections go back to the pool when the provider is collected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+
+def direct_calls(client: Any) -> DirectCalls | None:
+    """A :class:`DirectCalls` for ``client`` if it is a plain pooled ``redis.Redis``."""
+    import redis
+
+    if type(client) is not redis.Redis or getattr(client, "connection", None) is not None:
+        return None
+    return DirectCalls(client)
+
+
+class DirectCalls:
+    """``execute_command`` for EVALSHA and other single commands, on kept connections."""
+
+    def __init__(self, client: Redis) -> None:
+        import redis
+
+        self.pool: Any = client.connection_pool
+        self._idle: list[Any] = []  # the same list for life: the finalizer gives these back
+        self._pid = os.getpid()
+        self._response_error = redis.exceptions.ResponseError
+        self._connection_errors = (redis.ConnectionError, redis.TimeoutError, OSError)
+        weakref.finalize(self, _give_back, self.pool, self._idle, self._pid)
+
+    def __call__(self, *args: Any) -> Any:
+        conn = self._take()
+        try:
+            reply = conn.retry.call_with_retry(
+                lambda: _round_trip(conn, args), lambda error: conn.disconnect()
+            )
+        except self._response_error:
+            self._idle.append(conn)  # an error reply (NOSCRIPT, a script error) was read whole
+            raise
+        except BaseException:
+            conn.disconnect()  # a reply may be left unread: the next use connects afresh
+            self._idle.append(conn)
+            raise
+        self._idle.append(conn)
+        return reply
+
+    def _take(self) -> Any:
+        if self._pid != os.getpid():
+            # A forked child must not write to its parent's sockets: it takes its own from the
+            # pool (which redis-py resets in the child).
+            self._idle.clear()
+            self._pid = os.getpid()
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            try:
+                return self.pool.get_connection()
+            except TypeError:  # redis-py before 5.3 wants a command name
+                return self.pool.get_connection("EVALSHA")
+        # As the pool checks a connection it lends: one closed while idle (a server or proxy
+        # timeout, a warm Lambda thawed after minutes) starts over before a command is lost
+        # on it, whatever the retry policy.
+        try:
+            stale = conn.can_read()
+        except self._connection_errors:
+            stale = True
+        if stale:
+            conn.disconnect()
+        return conn
+
+
+def _round_trip(conn: Any, args: tuple[Any, ...]) -> Any:
+    conn.send_command(*args)
+    return conn.read_response()
+
+
+def _give_back(pool: Any, idle: list[Any], pid: int) -> None:
+    if os.getpid() != pid:
+        return
+    for conn in idle:
+        with contextlib.suppress(Exception):  # the pool may be closed already
+            pool.release(conn)
+    idle.clear()

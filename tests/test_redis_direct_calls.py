@@ -1,0 +1,129 @@
+"""A plain standalone client's script runs go on connections the provider keeps
+(:mod:`leaseguard.providers.redis.direct`): one per caller at a time, reconnected when they
+drop, never shared with a forked child, given back to the pool with the provider."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from leaseguard.providers.redis import RedisLeaseProvider
+from leaseguard.providers.redis.direct import DirectCalls
+
+TTL = 10_000
+
+
+@pytest.fixture
+def name() -> str:
+    return f"lg-direct-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def admin(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def connections(admin: redis.Redis, name: str) -> int:
+    return sum(1 for c in admin.client_list() if c.get("name") == name)
+
+
+def cycles(provider: RedisLeaseProvider, key: str, n: int) -> None:
+    for i in range(n):
+        owner = f"o{i}"
+        assert provider.acquire_lease(key, owner, TTL).acquired
+        assert provider.get_lease_owner(key) == owner
+        provider.release_lease(key, owner)
+
+
+def test_one_connection_serves_a_callers_calls(
+    redis_url: str, admin: redis.Redis, name: str
+) -> None:
+    provider = RedisLeaseProvider(
+        redis.Redis.from_url(redis_url, client_name=name), prefix=f"{name}:"
+    )
+    assert isinstance(provider.execute, DirectCalls)
+    cycles(provider, "k", 50)
+    # one kept for the scripts, one the pool lends get_lease_owner's HGET and takes back
+    assert connections(admin, name) <= 2
+
+    threads = [threading.Thread(target=cycles, args=(provider, f"k{t}", 50)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert connections(admin, name) <= 4 + 4  # at most one kept per thread running at once
+
+
+def test_a_dropped_connection_is_reconnected(redis_url: str, admin: redis.Redis, name: str) -> None:
+    provider = RedisLeaseProvider(
+        redis.Redis.from_url(redis_url, client_name=name), prefix=f"{name}:"
+    )
+    assert provider.acquire_lease("k", "a", TTL).acquired
+    ours = [c["id"] for c in admin.client_list() if c.get("name") == name]
+    assert ours and all(admin.client_kill_filter(_id=cid) == 1 for cid in ours)
+    assert provider.acquire_lease("k", "a", TTL).acquired  # the owner again: same lease
+    provider.release_lease("k", "a")
+    assert provider.get_lease_owner("k") is None
+
+
+def _child_cycles(provider: RedisLeaseProvider, go: Any, out: Any) -> None:
+    try:
+        go.wait(30)
+        cycles(provider, "child", 500)
+        out.put("ok")
+    except Exception as exc:  # reported to the parent
+        out.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_a_forked_child_never_writes_to_its_parents_connection(redis_url: str, name: str) -> None:
+    """Parent and child run cycles at the same time; a shared socket would mix their replies."""
+    client = redis.Redis.from_url(redis_url, client_name=name)
+    provider = RedisLeaseProvider(client, prefix=f"{name}:")
+    cycles(provider, "parent", 1)  # the parent keeps a connection before the fork
+    context = mp.get_context("fork")
+    out, go = context.Queue(), context.Event()
+    child = context.Process(target=_child_cycles, args=(provider, go, out))
+    child.start()
+    go.set()
+    cycles(provider, "parent", 500)
+    assert out.get(timeout=120) == "ok"
+    child.join(30)
+    assert child.exitcode == 0
+
+
+def test_the_connections_go_back_to_the_pool_with_the_provider(redis_url: str) -> None:
+    pool = redis.BlockingConnectionPool.from_url(redis_url, max_connections=1, timeout=0.5)
+    client = redis.Redis(connection_pool=pool)
+    provider = RedisLeaseProvider(client, prefix="gone:")
+    assert provider.acquire_lease("k", "a", TTL).acquired  # takes the pool's one connection
+    with pytest.raises(redis.ConnectionError):
+        client.ping()  # none left to lend
+    del provider
+    gc.collect()
+    assert client.ping()
+    client.close()
+
+
+def test_other_clients_keep_execute_command(redis_url: str, redis_cluster_url: str) -> None:
+    single = redis.Redis.from_url(redis_url, single_connection_client=True)
+
+    class Instrumented(redis.Redis):
+        pass
+
+    sub = Instrumented.from_url(redis_url)
+    cluster = RedisCluster.from_url(redis_cluster_url)
+    for client in (single, sub, cluster):
+        provider = RedisLeaseProvider(client, prefix=f"keep{uuid.uuid4().hex[:6]}:")
+        assert provider.execute == client.execute_command
+        assert provider.acquire_lease("k", "a", TTL).acquired
+        client.close()
