@@ -9,7 +9,10 @@ redis-py client settings:
 * the naive, unsafe raw pair ``SET key v NX PX ttl`` + ``DEL key`` (what a lock without owner
   check costs), and each half alone;
 * redis-py's ``Lock`` (``acquire(blocking=False)`` + ``release()``);
-* python-redis-lock's ``redis_lock.Lock`` (``acquire(blocking=False)`` + ``release()``).
+* python-redis-lock's ``redis_lock.Lock`` (``acquire(blocking=False)`` + ``release()``);
+* two diagnostics: the raw pair, and our two scripts with precomputed arguments, each sent the
+  way leaseguard sends its scripts (on a kept connection, ``providers/redis/direct.py``, rather
+  than through redis-py's ``execute_command`` as the raw pair and both locks are).
 
 Each measurement runs ``--rounds`` rounds of ``--ops`` calls, the implementations interleaved
 round by round so that drift hits all of them alike; the table gives the median round. Many short
@@ -46,10 +49,12 @@ from typing import Any
 import redis
 
 from leaseguard.providers.redis import ACQUIRE_LUA, RELEASE_LUA, RedisLeaseProvider
+from leaseguard.providers.redis.direct import DirectCalls
 from leaseguard.testing import RedisServer
 
 TTL_MS = 30_000
 RAW_PAIR = "raw SET NX PX + DEL"
+KEPT_RAW_PAIR = "(diagnostic) raw SET NX PX + DEL, kept connection"
 REDIS_PY_LOCK = "redis-py Lock"
 CYCLE = "acquire+release cycle"
 # The performance issue's targets for the cycle, as the median of per-round ratios.
@@ -87,6 +92,7 @@ class Bench:
         self.client = client
         self.prefix = prefix
         self.provider = RedisLeaseProvider(client, prefix=f"{prefix}lg:")
+        self.kept = DirectCalls(client)  # how the provider sends its scripts, for diagnostics
         self._n = 0
         self.redis_py_lock = client.lock(f"{prefix}redis-py-lock", timeout=TTL_MS / 1000)
         self.python_redis_lock = redis_lock.Lock(
@@ -214,20 +220,32 @@ class Bench:
     # -- the breakdown of our cycle -------------------------------------------------------------
 
     def bare_scripts_cycle(self, ops: int) -> Prepared:
-        """Our two scripts by plain EVALSHA with precomputed arguments: no validation, no key
-        building, no reply parsing. What the cycle would cost with zero leaseguard Python."""
+        """Our two scripts by plain EVALSHA with precomputed arguments, sent as leaseguard
+        sends them (on a kept connection): no validation, no key building, no reply parsing.
+        What the cycle would cost with zero leaseguard Python."""
         (key,) = self.fresh("bare", 1)
         keys = self.provider.redis_keys(key)
-        acquire_sha = ACQUIRE_LUA.sha
-        release_sha = RELEASE_LUA.sha
-        acquire_args = (*keys, key, "bench", TTL_MS)
-        release_args = (*keys, key, "bench")
-        evalsha = self.client.evalsha
+        acquire = ("EVALSHA", ACQUIRE_LUA.sha, len(keys), *keys, key, "bench", TTL_MS)
+        release = ("EVALSHA", RELEASE_LUA.sha, len(keys), *keys, key, "bench")
+        send = self.kept
 
         def run() -> None:
             for _ in range(ops):
-                evalsha(acquire_sha, len(keys), *acquire_args)
-                evalsha(release_sha, len(keys), *release_args)
+                send(*acquire)
+                send(*release)
+
+        return run, lambda: None
+
+    def raw_pair_kept(self, ops: int) -> Prepared:
+        """The raw pair sent the way leaseguard sends its scripts (a kept connection, not
+        ``execute_command``): what the server-side difference alone costs."""
+        key, send = f"{self.prefix}raw-pair-kept", self.kept
+        set_args = ("SET", key, "bench", "NX", "PX", TTL_MS)
+
+        def run() -> None:
+            for _ in range(ops):
+                send(*set_args)
+                send("DEL", key)
 
         return run, lambda: None
 
@@ -244,7 +262,13 @@ class Bench:
             m(CYCLE, RAW_PAIR, 2, self.raw_pair),
             m(CYCLE, REDIS_PY_LOCK, 2, self.redis_py_lock_cycle),
             m(CYCLE, "python-redis-lock", 3, self.python_redis_lock_cycle),
-            m(CYCLE, "(diagnostic) our scripts by bare EVALSHA", 2, self.bare_scripts_cycle),
+            m(CYCLE, KEPT_RAW_PAIR, 2, self.raw_pair_kept),
+            m(
+                CYCLE,
+                "(diagnostic) our scripts by bare EVALSHA, kept connection",
+                2,
+                self.bare_scripts_cycle,
+            ),
         ]
 
 
@@ -309,7 +333,7 @@ def leaseguard_python_us(client: redis.Redis) -> float:
     release, minus the stand-in's own cost."""
     provider = RedisLeaseProvider(client, prefix="python-only:")
     stub = _NoIO({ACQUIRE_LUA.sha: [1, b"bench", b"1732880000123456"], RELEASE_LUA.sha: 1})
-    provider.client = stub  # type: ignore[assignment]
+    provider.execute = stub.execute_command
     keys = provider.redis_keys("k")
     public = python_cost_us(
         lambda: (provider.acquire_lease("k", "bench", TTL_MS), provider.release_lease("k", "bench"))
@@ -481,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
             m for m in measurements if m.implementation in (REDIS_PY_LOCK, "python-redis-lock")
         ]
         ratio = ours.speed_vs(pair)
+        kept = next(m for m in measurements if m.implementation == KEPT_RAW_PAIR)
         versus = {m.implementation: ours.speed_vs(m) for m in locks}
         vs_lock = versus[REDIS_PY_LOCK]
 
@@ -493,7 +518,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{'met' if ratio >= TARGET_VS_RAW_PAIR else 'missed'}), at **{vs_lock:.2f}x** "
             f"redis-py Lock (target >= {TARGET_VS_REDIS_PY_LOCK:.2f}x: "
             f"{'met' if vs_lock >= TARGET_VS_REDIS_PY_LOCK else 'missed'}) and at "
-            f"{versus['python-redis-lock']:.2f}x python-redis-lock."
+            f"{versus['python-redis-lock']:.2f}x python-redis-lock. Sent the same way as ours"
+            f" (a kept connection), the raw pair would run "
+            f"{kept.speed_vs(ours):.2f}x as fast as our cycle: what the scripts' server work"
+            " costs."
         )
         print()
         print(breakdown(bench, measurements, args.ops, own_server))
