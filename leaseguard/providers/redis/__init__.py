@@ -12,6 +12,14 @@ are remembered for :data:`~leaseguard.protocol.model.DEDUPE_WINDOW_MS` (at most
 :data:`~leaseguard.protocol.model.DONE_LIMIT` per key), failed signals are retried or
 dead-lettered, exactly as the model does.
 
+**Connections.** On a plain standalone ``redis.Redis`` the scripts go out on connections the
+provider keeps (:mod:`.direct`): one per thread calling at the same moment, taken from the
+client's pool once and given back when the provider is collected, each command under the
+connection's retry policy. redis-py's ``execute_command`` spends about as much Python per
+command as the loopback round trip itself. Cluster clients, single-connection clients and
+subclasses of ``Redis`` keep ``execute_command``. On Cluster, the per-slot indexes are read by
+one script run per primary (:mod:`.slots`).
+
 **Retries.** redis-py resends a command whose connection dropped, also after Redis ran it. Every
 script is safe to run twice: a transfer or hand-off finds itself as the previous owner (``p``,
 ``pt``) or its grant remembered as completed (``done``), a take finds its nonce (``k``), a grant
