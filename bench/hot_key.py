@@ -966,12 +966,14 @@ def plot(configs: list[Config], processes: int, path: str) -> None:
             f"{c.ratio_to(ceiling):.2f}x",
             (c.keys, c.rate()),
             textcoords="offset points",
-            xytext=(-36, 5 - 12 * i),
+            xytext=(-40, 12 - 14 * i),
             fontsize=8,
             color=f"C{3 + i}",
         )
     ax.axhline(ceiling.rate(), color="C1", ls="--", label=f"ceiling: {CEILING}")
     ax.axhline(ceiling.rate() / 2, color="C1", ls=":", label="goal: 50% of the ceiling")
+    usual = next(c for c in configs if c.kind == "redis-py")
+    ax.axhline(usual.rate(), color="C7", ls="--", label=f"the usual call: {USUAL_CEILING}")
     ax.axhline(
         parallel.rate(), color="C2", ls="-.", label=f"EVALSHA `return 1`, {processes} processes"
     )

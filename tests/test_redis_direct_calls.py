@@ -127,3 +127,21 @@ def test_other_clients_keep_execute_command(redis_url: str, redis_cluster_url: s
         assert provider.execute == client.execute_command
         assert provider.acquire_lease("k", "a", TTL).acquired
         client.close()
+
+
+def test_an_unreachable_server_is_a_backend_error_that_names_the_refusal() -> None:
+    """Regression: the first connection was made while handling the IndexError of an empty
+    idle list, so the refusal carried it as context and the CLI, which names the root cause,
+    said "pop from empty list" instead of "Connection refused"."""
+    from leaseguard import LeaseBackendError
+    from leaseguard.testing import free_port
+
+    provider = RedisLeaseProvider(redis.Redis(port=free_port(), socket_connect_timeout=1))
+    with pytest.raises(LeaseBackendError, match="Connection refused") as raised:
+        provider.acquire_lease("k", "a", TTL)
+    chain: list[BaseException] = []
+    exc: BaseException | None = raised.value
+    while exc is not None:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    assert not any(isinstance(e, IndexError) for e in chain), chain

@@ -72,11 +72,12 @@ class DirectCalls:
             self._pid = os.getpid()
         try:
             conn = self._idle.pop()
-        except IndexError:
-            try:
-                return self.pool.get_connection()
-            except TypeError:  # redis-py before 5.3 wants a command name
-                return self.pool.get_connection("EVALSHA")
+        except IndexError:  # (another thread may have taken the last one since a check)
+            conn = None
+        if conn is None:
+            # Not inside an `except`: a connection error would carry that exception as its
+            # context, and error messages that name the root cause would name it.
+            return self._new()
         # As the pool checks a connection it lends: one closed while idle (a server or proxy
         # timeout, a warm Lambda thawed after minutes) starts over before a command is lost
         # on it, whatever the retry policy.
@@ -87,6 +88,13 @@ class DirectCalls:
         if stale:
             conn.disconnect()
         return conn
+
+    def _new(self) -> Any:
+        try:
+            return self.pool.get_connection()
+        except TypeError:  # redis-py before 5.3 wants a command name
+            pass
+        return self.pool.get_connection("EVALSHA")
 
 
 def _round_trip(conn: Any, args: tuple[Any, ...]) -> Any:
