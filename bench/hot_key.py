@@ -943,7 +943,7 @@ def plot(configs: list[Config], processes: int, path: str) -> None:
             f"{c.ratio_to(ceiling):.2f}x",
             (c.keys, c.rate()),
             textcoords="offset points",
-            xytext=(6, 6),
+            xytext=(6, -12),
             fontsize=8,
         )
     if batched:
@@ -956,7 +956,7 @@ def plot(configs: list[Config], processes: int, path: str) -> None:
                 f"{c.ratio_to(ceiling):.2f}x",
                 (c.keys, c.rate()),
                 textcoords="offset points",
-                xytext=(6, -12),
+                xytext=(6, 6),
                 fontsize=8,
                 color="C5",
             )
@@ -966,14 +966,14 @@ def plot(configs: list[Config], processes: int, path: str) -> None:
             f"{c.ratio_to(ceiling):.2f}x",
             (c.keys, c.rate()),
             textcoords="offset points",
-            xytext=(-40, 12 - 14 * i),
+            xytext=(-44, -14 + 20 * i),
             fontsize=8,
             color=f"C{3 + i}",
         )
     ax.axhline(ceiling.rate(), color="C1", ls="--", label=f"ceiling: {CEILING}")
     ax.axhline(ceiling.rate() / 2, color="C1", ls=":", label="goal: 50% of the ceiling")
     usual = next(c for c in configs if c.kind == "redis-py")
-    ax.axhline(usual.rate(), color="C7", ls="--", label=f"the usual call: {USUAL_CEILING}")
+    ax.axhline(usual.rate(), color="C7", ls="--", label="the same through execute_command")
     ax.axhline(
         parallel.rate(), color="C2", ls="-.", label=f"EVALSHA `return 1`, {processes} processes"
     )
@@ -987,7 +987,7 @@ def plot(configs: list[Config], processes: int, path: str) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -1163,6 +1163,9 @@ def main(argv: list[str] | None = None) -> int:
                                 "name": c.name,
                                 "kind": c.kind,
                                 "keys": c.keys,
+                                "drain": c.drain,
+                                "take": c.take,
+                                "threadless": c.threadless,
                                 "seconds": c.seconds,
                                 "ops": c.ops,
                                 "stats": c.stats,
