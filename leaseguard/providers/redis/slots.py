@@ -35,6 +35,7 @@ class SlotIndexes:
         self._by_primary: list[tuple[ClusterNode, list[int]]] = []
         self._redis_error = redis.exceptions.RedisError
         self._no_script = redis.exceptions.NoScriptError
+        self._response_error = redis.exceptions.ResponseError
 
     def orphans(self, name: str, max_score: int, limit: int) -> list[Any]:
         """Members scored at most ``max_score``, up to ``limit`` per slot, the first ``limit``
@@ -72,8 +73,8 @@ class SlotIndexes:
                 except self._no_script:
                     try:
                         self.client.script_load(script.text)  # on every primary
-                    except self._redis_error:
-                        self.scripted = False  # the server cannot run it: Redis before 7
+                    except self._response_error:
+                        self.scripted = False  # the server refuses the script: Redis before 7
                         return None
                     reply = self.client.execute_command(*call, target_nodes=node)
                 found.extend(
