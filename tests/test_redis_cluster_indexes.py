@@ -91,3 +91,31 @@ def test_a_stale_slot_map_falls_back_to_the_pipeline_and_finds_everything(
     assert client.nodes_manager.get_node_from_slot(slot).name == right.name  # corrected
     assert fresh.dead_letter_keys(1000) == sorted(keys)  # the script again, on the new map
     assert fresh._slot_indexes is not None and fresh._slot_indexes.scripted
+
+
+def test_a_server_that_refuses_the_script_is_read_by_the_pipeline(
+    client: RedisCluster, redis_cluster_url: str
+) -> None:
+    """What a server before Redis 7 does (it cannot compile the script's flags line), shown
+    by a user who may not load scripts: the scan falls back to the pipeline for good and
+    still finds every key."""
+    prefix = f"ix{uuid.uuid4().hex[:8]}:"
+    user, password = f"noload{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    for node in client.get_primaries():
+        admin = client.get_redis_connection(node)
+        admin.script_flush()  # the scan script must be loaded again, by the limited user
+        admin.acl_setuser(user, enabled=True, passwords=[f"+{password}"], keys=["*"],
+                          commands=["+@all", "-script|load"])  # fmt: skip
+    keys = [f"refused {{{n}}}" for n in range(5)]
+    orphan_and_dead_letter(provider(client, prefix), keys)
+    scheme, rest = redis_cluster_url.split("://", 1)
+    limited = RedisCluster.from_url(f"{scheme}://{user}:{password}@{rest}")
+    try:
+        made = provider(limited, prefix)
+        assert sorted(made._orphan_candidates(1000)) == sorted(keys)
+        assert made._slot_indexes is not None and not made._slot_indexes.scripted
+        assert made.dead_letter_keys(1000) == sorted(keys)
+    finally:
+        limited.close()
+        for node in client.get_primaries():
+            client.get_redis_connection(node).acl_deluser(user)
