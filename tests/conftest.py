@@ -8,6 +8,7 @@ other's keys.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -129,12 +130,24 @@ def _dynamodb_factory(
     DynamoDBLeaseProvider(table, region_name="us-east-1").create_table()
 
     clock = MovableClock()
+    # moto's in-process backend is not safe for two threads at once (a renewal on the renewer's
+    # thread while the handler's thread takes or hands off: a request can fail, or both pass
+    # a condition), while DynamoDB applies each request to an item atomically. One lock per
+    # test around every request of its providers makes moto do the same.
+    one_at_a_time = threading.RLock()
 
     def dynamodb_provider(**options: object) -> BaseLeaseProvider:
         options.setdefault("clock_skew_ms", 0)
         options.setdefault("clock", clock)
         provider = DynamoDBLeaseProvider(table, region_name="us-east-1", **options)  # type: ignore[arg-type]
         provider.test_clock = clock  # type: ignore[attr-defined]
+        send = provider.client._make_api_call
+
+        def serialized(operation: str, params: dict[str, Any]) -> Any:
+            with one_at_a_time:
+                return send(operation, params)
+
+        provider.client._make_api_call = serialized  # type: ignore[method-assign]
         return provider
 
     return dynamodb_provider
