@@ -217,7 +217,7 @@ def test_current_lease_outside_a_handler_is_a_clear_error() -> None:
 def test_handler_three_times_the_ttl_keeps_its_lease(provider: BaseLeaseProvider) -> None:
     # moto answers in tens of ms, far more on a loaded machine: a longer TTL there keeps the
     # test about renewal, not about moto's latency.
-    ttl = 1_500 if type(provider).__name__ == "DynamoDBLeaseProvider" else 300
+    ttl = short_ttl(provider)
     contested: list[bool] = []
 
     @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=ttl)
@@ -246,14 +246,22 @@ def test_renewal_thread_is_joined_when_the_handler_raises(provider: BaseLeasePro
     assert provider.get_lease_owner("r") is None  # handed off (released) before re-raising
 
 
+def short_ttl(provider: BaseLeaseProvider) -> int:
+    """A TTL short enough to run out within a test: 300 ms, and 1.5 s on DynamoDB, where moto
+    answers in tens of ms and far more on a loaded machine (a 300 ms lease there could run out
+    before the handler's first call, which is not what these tests are about)."""
+    return 1_500 if type(provider).__name__ == "DynamoDBLeaseProvider" else 300
+
+
 def test_deleted_lease_marks_lost_and_skips_handoff(provider: BaseLeaseProvider) -> None:
     lost: list[str] = []
     metrics = CountingMetrics()
+    ttl = short_ttl(provider)
 
     @lease_owned(
         lambda e: e["k"],
         provider=provider,
-        ttl_ms=300,
+        ttl_ms=ttl,
         on_lost=lambda h: lost.append(h.owner),
         metrics=metrics,
     )
@@ -262,7 +270,7 @@ def test_deleted_lease_marks_lost_and_skips_handoff(provider: BaseLeaseProvider)
         lease.provider.release_lease(lease.key, lease.owner)  # someone deletes the lease
         provider.acquire_lease("v", "thief", 10_000)
         provider.acquire_or_enqueue("v", Signal("queued", {"k": "v"}), 10_000)
-        time.sleep(0.3)  # a renewal runs and is refused
+        time.sleep(ttl / 1000)  # a renewal (every third of the TTL) runs and is refused
         with pytest.raises(LeaseLostError):
             lease.check()
         return lease.lost
@@ -435,15 +443,16 @@ def test_failed_dispatch_leaves_the_grant_for_the_sweeper(provider: BaseLeasePro
     stub.add_client_error("invoke", service_error_code="ServiceException", http_status_code=500)
     stub.activate()
     recorder = Recorder()
+    ttl = short_ttl(provider)
     handler = lease_owned(
-        lambda e: e["k"], provider=provider, ttl_ms=300, handoff="invoke", lambda_client=client
+        lambda e: e["k"], provider=provider, ttl_ms=ttl, handoff="invoke", lambda_client=client
     )(recorder)
     owner = hold_in_background(handler, {"k": "s", "n": 0}, recorder)
     handler({"k": "s", "n": 1}, LambdaContext())
     recorder.gate.set()
     owner.join()
     assert owner.result["r"]["statusCode"] == 200  # type: ignore[attr-defined]
-    time.sleep(0.45)  # the undelivered grant expires
+    time.sleep(ttl * 1.5 / 1000)  # the undelivered grant expires
     adopted = provider.adopt_orphans(TTL, 10)
     assert [(k, s.payload) for k, s in adopted] == [("s", {"k": "s", "n": 1})]
 
@@ -589,7 +598,7 @@ def test_orphans_run_before_a_new_event(provider: BaseLeaseProvider) -> None:
 def test_async_handler(provider: BaseLeaseProvider) -> None:
     # moto answers in tens of ms, far more on a loaded machine: a longer TTL there keeps the
     # test about renewal, not about moto's latency.
-    ttl = 1_500 if type(provider).__name__ == "DynamoDBLeaseProvider" else 300
+    ttl = short_ttl(provider)
     started: list[asyncio.Event] = []
 
     @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=ttl)
