@@ -51,18 +51,16 @@ class DirectCalls:
     def __call__(self, *args: Any) -> Any:
         conn = self._take()
         try:
-            reply = conn.retry.call_with_retry(
+            return conn.retry.call_with_retry(
                 lambda: _round_trip(conn, args), lambda error: conn.disconnect()
             )
         except self._response_error:
-            self._idle.append(conn)  # an error reply (NOSCRIPT, a script error) was read whole
-            raise
+            raise  # an error reply (NOSCRIPT, a script error) was read whole
         except BaseException:
             conn.disconnect()  # a reply may be left unread: the next use connects afresh
-            self._idle.append(conn)
             raise
-        self._idle.append(conn)
-        return reply
+        finally:
+            self._idle.append(conn)
 
     def _take(self) -> Any:
         if self._pid != os.getpid():

@@ -42,21 +42,25 @@ def _split(text: str, name: str) -> list[str]:
     return parts
 
 
+_LUA_DIR = resources.files("leaseguard.providers") / "lua"
+
+
 def _lua(name: str) -> LuaScript:
-    package = resources.files("leaseguard.providers") / "lua"
-    prelude = _split((package / "_prelude.lua").read_text(encoding="utf-8"), "_prelude")
+    prelude = _split((_LUA_DIR / "_prelude.lua").read_text(encoding="utf-8"), "_prelude")
     if len(prelude) != 2:
         raise ValueError("_prelude.lua: no '-- @helpers' line after the key names")
-    step = _split((package / f"{name}.lua").read_text(encoding="utf-8"), name)
+    step = _split((_LUA_DIR / f"{name}.lua").read_text(encoding="utf-8"), name)
     fast, rest = step if len(step) == 2 else ("", step[0])
-    text = _CONSTANTS + prelude[0] + fast + prelude[1] + "\n" + rest
-    return LuaScript(name, text, hashlib.sha1(text.encode("utf-8")).hexdigest())
+    return _script(name, _CONSTANTS + prelude[0] + fast + prelude[1] + "\n" + rest)
 
 
 def _plain_lua(name: str) -> LuaScript:
     """A script that is no protocol step: its own text only (its first line may be a shebang,
     which must stay first)."""
-    text = (resources.files("leaseguard.providers") / "lua" / f"{name}.lua").read_text("utf-8")
+    return _script(name, (_LUA_DIR / f"{name}.lua").read_text("utf-8"))
+
+
+def _script(name: str, text: str) -> LuaScript:
     return LuaScript(name, text, hashlib.sha1(text.encode("utf-8")).hexdigest())
 
 
