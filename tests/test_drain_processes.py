@@ -36,7 +36,7 @@ def test_a_burst_on_one_key_drained_in_batches_runs_each_event_once(
     # the handler also takes 2 after its work (drain=2): it must get the batch's next ones
     config = replace(burst_config(config_of, events), drain_batch=10)
     result = Simulation(config).run()
-    assert result.quiesced, result.stuck
+    assert result.quiesced, (result.stuck, result.unfinished)
     report = check(result.records, [e["id"] for e in result.events])
     assert report.violations == []
     assert sorted(report.handled.values()) == [1] * events
@@ -56,7 +56,7 @@ def test_owners_killed_while_draining_batches_lose_nothing(redis_url: str) -> No
     )
     config = replace(crash_config(backend), drain_batch=5, seed=13)
     result = Simulation(config).run()
-    assert result.quiesced, result.stuck
+    assert result.quiesced, (result.stuck, result.unfinished)
     assert result.kills > 0
     report = check(result.records, [e["id"] for e in result.events])
     assert report.violations == []

@@ -75,7 +75,7 @@ def test_a_burst_on_one_key_from_8_workers(backend_config: ProviderConfig) -> No
     events = DYNAMODB_BURST if backend_config.backend == "dynamodb" else BURST
     config = burst_config(backend_config, events)
     result = Simulation(config).run()
-    assert result.quiesced, result.stuck
+    assert result.quiesced, (result.stuck, result.unfinished)
     report = check(result.records, [e["id"] for e in result.events])
     assert report.violations == []  # no overlap, tokens rising, FIFO, nothing lost or doubled
     assert sorted(report.handled.values()) == [1] * events  # every event exactly once

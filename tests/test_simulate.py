@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import queue
+import signal
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -15,7 +20,7 @@ from leaseguard.contract import LeaseResult
 from leaseguard.providers.memory import InMemoryLeaseProvider
 from leaseguard.signals import Signal
 from leaseguard.simulate.checker import check
-from leaseguard.simulate.engine import Simulation, SimulationConfig
+from leaseguard.simulate.engine import Simulation, SimulationConfig, _Outbox
 from leaseguard.simulate.summary import summarize
 
 
@@ -191,10 +196,38 @@ def test_kills_are_survived_and_explained_on_redis(redis_url: str) -> None:
         seed=3,
     )
     result = Simulation(config).run()
-    assert result.quiesced, result.stuck
+    assert result.quiesced, (result.stuck, result.unfinished)
     report = check(result.records, [e["id"] for e in result.events])
     assert report.ok, report.violations
     assert result.kills > 0
     assert min(report.handled[e["id"]] for e in result.events) >= 1  # nothing lost
     statuses = Counter(r["status"] for r in result.records if r["type"] == "invoke")
     assert statuses["error"] == 0
+
+
+def _put_then_die(outbox: Any, worker: int, count: int) -> None:
+    for n in range(count):
+        outbox.put(("done", worker, n))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_workers_messages_survive_its_crash_right_after() -> None:
+    """Regression: the outbox was a ``multiprocessing.Queue``, whose ``put`` returns before a
+    feeder thread writes the message; a worker that crashed soon after lost it. A lost ``done``
+    left its invocation outstanding, and the crash test's run never settled with every key idle
+    (``quiesced=False, stuck={}``; seen on Redis Cluster, 2026-12-02)."""
+    context = mp.get_context("forkserver")
+    outbox = _Outbox(context)
+    workers = [context.Process(target=_put_then_die, args=(outbox, w, 40)) for w in range(4)]
+    for proc in workers:
+        proc.start()
+    received: list[tuple[Any, ...]] = []
+    while len(received) < 160:
+        try:
+            received.append(outbox.get(timeout=10))
+        except queue.Empty:
+            break
+    for proc in workers:
+        proc.join(10)
+        assert proc.exitcode == -signal.SIGKILL
+    assert sorted(received) == [("done", w, n) for w in range(4) for n in range(40)]

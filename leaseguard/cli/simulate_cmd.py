@@ -160,6 +160,7 @@ def _simulate(config: Any, description: str, args: argparse.Namespace) -> int:
                     "verified": ok,
                     "violations": [v.__dict__ for v in report.violations],
                     "stuck": result.stuck,
+                    "unfinished": result.unfinished,
                     "records": result.records,
                 }
             )
@@ -224,7 +225,10 @@ def _print_verdict(console: Any, report: Any, result: Any) -> None:
         )
         return
     if not result.quiesced:
-        console.print(f"[bold red]did not settle[/]: keys still busy: {result.stuck}")
+        console.print(
+            f"[bold red]did not settle[/]: keys still busy: {result.stuck}; "
+            f"invocations unfinished: {result.unfinished}"
+        )
     counts = report.by_kind()
     console.print(f"[bold red]{len(report.violations)} violation(s)[/]: {dict(counts)}")
     for violation in report.violations[:20]:

@@ -76,7 +76,8 @@ class SimulationResult:
     started_ns: int
     finished_ns: int
     quiesced: bool
-    stuck: dict[str, Any] = field(default_factory=dict)
+    stuck: dict[str, Any] = field(default_factory=dict)  # keys still busy when it gave up
+    unfinished: list[str] = field(default_factory=list)  # invocations it still waited for
     adopted: int = 0
     kills: int = 0
 

@@ -55,6 +55,34 @@ FORKSERVER_PRELOAD = [
 ]
 
 
+class _Outbox:
+    """The workers' messages to the coordinator (a submitted ``Invoke``, an invocation's end),
+    written straight to a pipe before ``put`` returns.
+
+    ``multiprocessing.Queue.put`` hands its message to a feeder thread and returns at once: a
+    worker that SIGKILLs itself soon after (a simulated crash in its next invocation) can take
+    the message down with it. A lost ``done`` left its invocation outstanding forever, so the
+    run never settled though every key was idle; a lost ``submit`` would be an ``Invoke`` that
+    Lambda had accepted and then dropped, which Lambda does not do."""
+
+    def __init__(self, context: Any) -> None:
+        self._reader, self._writer = context.Pipe(duplex=False)
+        self._write_lock = context.Lock()  # several workers write; one coordinator reads
+
+    def put(self, message: tuple[Any, ...]) -> None:
+        with self._write_lock:
+            self._writer.send(message)
+
+    def get(self, timeout: float = 0.0) -> tuple[Any, ...]:
+        if not self._reader.poll(timeout):
+            raise queue.Empty
+        message: tuple[Any, ...] = self._reader.recv()
+        return message
+
+    def get_nowait(self) -> tuple[Any, ...]:
+        return self.get(0.0)
+
+
 class _PoolDispatcher:
     """The sweeper's :class:`~leaseguard.handoff.Dispatcher`: an adopted signal's envelope
     becomes a delivery to the pool, as an async ``Invoke`` of it would on Lambda."""
@@ -123,7 +151,7 @@ class Simulation:
             self.current: Any = [-1] * config.workers
         else:
             self.inbox = context.Queue()
-            self.outbox = context.Queue()
+            self.outbox = _Outbox(context)
             self.current = context.Array("i", [-1] * config.workers)
         workers: list[Any] = [self._spawn(w, log_dir, context) for w in range(config.workers)]
         started = time.monotonic_ns()
@@ -143,6 +171,8 @@ class Simulation:
         finished = time.monotonic_ns()
         records = self._read(log_dir) + self.kills + self.dropped
         stuck = {} if quiesced else self._stuck_keys()
+        with self._lock:
+            unfinished = sorted(self.deliveries[i].invocation for i in self.outstanding)
         return SimulationResult(
             config,
             records,
@@ -151,6 +181,7 @@ class Simulation:
             finished,
             quiesced,
             stuck,
+            unfinished,
             self.sweeps.adopted,
             len(self.kills),
         )
