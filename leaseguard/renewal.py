@@ -9,7 +9,11 @@ execution environment as soon as the handler returns and a frozen renewer would 
 from __future__ import annotations
 
 import contextvars
+import heapq
+import itertools
 import logging
+import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +26,9 @@ if TYPE_CHECKING:
     from leaseguard.types import QueueProvider, Signal
 
 _log = logging.getLogger("leaseguard")
+# Taken at import: a test that swaps threading.Thread to count renewer threads must not count
+# the one timer thread.
+_Thread = threading.Thread
 _CURRENT: contextvars.ContextVar[LeaseHandle] = contextvars.ContextVar("leaseguard_lease")
 
 
@@ -172,8 +179,10 @@ class LeaseRenewer:
     One renewer serves a whole chain of runs: :meth:`follow` points it at each run's lease and
     :meth:`pause` lets go of it before the hand-off, so an owner draining its queue inline does
     not start a thread per run (that cost more than the run itself on a busy key). The thread
-    starts on the first :meth:`follow` (or :meth:`start`) and ends with :meth:`stop`, which the
-    guard calls before the invocation returns.
+    starts when the first renewal falls due, which most invocations on a busy key never reach:
+    until then the renewer waits in one shared timer's queue (:class:`_DeferredStarts`). The
+    thread ends with :meth:`stop`, which the guard calls before the invocation returns; a
+    renewer stopped before its thread started never gets one.
     """
 
     def __init__(self, handle: LeaseHandle | None, every_ms: int) -> None:
@@ -185,6 +194,8 @@ class LeaseRenewer:
         self._last: LeaseHandle | None = None  # the lease followed last
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # Its place in the timer's queue until its thread starts (None: not waiting there).
+        self._deferred: list[LeaseRenewer | None] | None = None
 
     def start(self) -> LeaseRenewer:
         """Start renewing the handle given to the constructor."""
@@ -201,12 +212,35 @@ class LeaseRenewer:
                 self._due = time.monotonic() + self.every_s
             self.handle = self._last = handle
             # No notify: an idle thread wakes every period anyway, always before this due
-            # time, and waking it here would cost a context switch per run of a chain.
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name=f"leaseguard-renew-{handle.key[:32]}", daemon=True
-                )
-                self._thread.start()
+            # time, and waking it here would cost a context switch per run of a chain. No
+            # thread yet either: most runs end before their first renewal is due.
+            if self._thread is None and self._deferred is None:
+                self._deferred = _DEFERRED_STARTS.add(self, self._due)
+
+    def _first_renewal_due(self) -> None:
+        """Called by the timer thread once the first renewal may be due: starts the renewing
+        thread if the chain is still running, or waits again if a new run put the due time off.
+        """
+        with self._cond:
+            self._deferred = None
+            if self._stopping or self._thread is not None or self.handle is None:
+                return  # ended, or paused: the next follow() registers again
+            if time.monotonic() < self._due:
+                self._deferred = _DEFERRED_STARTS.add(self, self._due)
+                return
+            handle = self.handle
+            thread = threading.Thread(
+                target=self._run, name=f"leaseguard-renew-{handle.key[:32]}", daemon=True
+            )
+            try:
+                thread.start()
+            except RuntimeError as exc:  # no thread to be had: say so rather than lapse quietly
+                self.handle = None
+                failure = f"the renewal thread could not start: {exc}"
+            else:
+                self._thread = thread
+                return
+        handle.mark_lost(failure)  # outside the lock: on_lost is the user's code
 
     def pause(self) -> None:
         """Stop renewing the followed lease, waiting for a renewal in flight at most one renewal
@@ -228,6 +262,9 @@ class LeaseRenewer:
         self.pause()
         with self._cond:
             self._stopping = True
+            if self._deferred is not None:
+                self._deferred[0] = None  # the timer drops it without keeping it alive
+                self._deferred = None
             self._cond.notify_all()
             thread, stuck = self._thread, self._renewing
         if thread is not None and stuck is None:
@@ -269,3 +306,65 @@ class LeaseRenewer:
                     else:
                         self.handle = None  # a lost lease is not renewed again
                 self._cond.notify_all()
+
+
+class _DeferredStarts:
+    """One timer thread per process that starts each renewer's thread when its first renewal
+    falls due.
+
+    Starting and joining a thread per invocation cost more than a run on a busy key (about
+    150 µs; bench/hot_key.py), and an invocation that ends before its first renewal (a third of
+    the TTL by default) never needed one. Registering costs a heap push under a lock; a
+    renewer that stops first only clears its slot. The timer sleeps until the earliest due time,
+    so a registration due no earlier than that, which is every one while the renewers share a
+    period, does not wake it.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        # Also after a fork: the child has no timer thread and none of the parent's renewers.
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, list[LeaseRenewer | None]]] = []
+        self._order = itertools.count()
+        self._wakes_at = math.inf  # while the timer waits: when it wakes next
+        self._thread: threading.Thread | None = None
+
+    def add(self, renewer: LeaseRenewer, due: float) -> list[LeaseRenewer | None]:
+        """Queue ``renewer`` until ``due`` (:func:`time.monotonic`); returns its slot, which
+        the renewer clears to withdraw."""
+        slot: list[LeaseRenewer | None] = [renewer]
+        with self._cond:
+            heapq.heappush(self._heap, (due, next(self._order), slot))
+            if self._thread is None:
+                self._thread = _Thread(target=self._run, name="leaseguard-timer", daemon=True)
+                self._thread.start()
+            elif due < self._wakes_at:
+                self._cond.notify()
+        return slot
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                renewer = self._next_due()
+            try:
+                renewer._first_renewal_due()
+            except Exception:  # the timer must outlive any one renewer's failure
+                _log.exception("starting the renewal thread of %r failed", renewer.handle)
+
+    def _next_due(self) -> LeaseRenewer:
+        while True:
+            now = time.monotonic()
+            if self._heap and self._heap[0][0] <= now:
+                renewer = heapq.heappop(self._heap)[2][0]
+                if renewer is not None:
+                    self._wakes_at = now  # busy, not waiting: an add() need not notify
+                    return renewer
+                continue
+            self._wakes_at = self._heap[0][0] if self._heap else math.inf
+            self._cond.wait(None if self._wakes_at == math.inf else self._wakes_at - now)
+
+
+_DEFERRED_STARTS = _DeferredStarts()
+os.register_at_fork(after_in_child=_DEFERRED_STARTS._reset)

@@ -112,6 +112,7 @@ STDLIB_ALLOWED = frozenset(
         "dis",
         "enum",
         "functools",
+        "heapq",  # the renewal timer's queue (C-backed, tens of µs)
         "genericpath",
         "importlib",
         "inspect",

@@ -164,3 +164,123 @@ def test_one_renewer_thread_follows_every_run_of_an_inline_chain(monkeypatch: An
     time.sleep(0.2)
     assert provider.renewals == after and set(after) - before == set(ran)
     assert provider.inspect_key("k").owner is None
+
+
+# -- the renewer's thread starts only when its first renewal falls due ----------------------------
+
+
+def _renewer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("leaseguard-renew")]
+
+
+def _granted(provider: _CountingRenewals, key: str, ttl_ms: int = 5_000) -> LeaseHandle:
+    """A grant of ``key`` to an owner named after it (renewals are counted by owner and token)."""
+    lease = provider.acquire_lease(key, key, ttl_ms)
+    return LeaseHandle(provider, key, key, lease.token, ttl_ms)  # type: ignore[arg-type]
+
+
+def test_a_run_that_ends_before_its_first_renewal_never_starts_a_thread() -> None:
+    # Starting and joining a thread per invocation cost more than the run on a busy key.
+    provider = _CountingRenewals()
+    for n in range(50):
+        renewer = LeaseRenewer(_granted(provider, f"short{n}"), 100).start()
+        assert _renewer_threads() == []
+        renewer.stop()
+    time.sleep(0.25)  # past every one's due time: the timer must not start them after stop
+    assert _renewer_threads() == [] and provider.renewals == {}
+
+
+def test_a_run_longer_than_the_period_is_renewed_by_a_thread_of_its_own() -> None:
+    provider = _CountingRenewals()
+    handle = _granted(provider, "long", ttl_ms=300)
+    renewer = LeaseRenewer(handle, 50).start()
+    assert _renewer_threads() == []  # not yet due
+    deadline = time.monotonic() + 5
+    while provider.renewals.get(("long", handle.token), 0) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [t.name for t in _renewer_threads()] == ["leaseguard-renew-long"]
+    renewer.stop()
+    assert provider.renewals[("long", handle.token)] >= 3 and not handle.lost
+    assert _renewer_threads() == []
+
+
+def test_a_new_run_of_a_chain_puts_the_first_renewal_off(monkeypatch: Any) -> None:
+    # Each run of an inline chain is a new grant, due a full period after it began: the timer
+    # that fires at the first run's due time must wait again, neither renewing the second run
+    # early nor starting its thread before then.
+    started_at: list[float] = []
+
+    class TimedThread(threading.Thread):
+        def start(self) -> None:
+            started_at.append(time.monotonic())
+            super().start()
+
+    monkeypatch.setattr(threading, "Thread", TimedThread)
+    provider = _CountingRenewals()
+    first, second = _granted(provider, "a"), _granted(provider, "b")
+    renewer = LeaseRenewer(None, 200)
+    renewer.follow(first)
+    time.sleep(0.15)
+    renewer.pause()
+    followed = time.monotonic()
+    renewer.follow(second)
+    deadline = followed + 5
+    while ("b", second.token) not in provider.renewals and time.monotonic() < deadline:
+        time.sleep(0.005)
+    renewed_after = time.monotonic() - followed
+    renewer.stop()
+    assert ("a", first.token) not in provider.renewals  # paused before its due time
+    assert provider.renewals.get(("b", second.token), 0) >= 1
+    assert renewed_after >= 0.2  # a period after the second run began, not the first
+    assert len(started_at) == 1 and started_at[0] >= followed + 0.2
+
+
+def test_a_renewal_thread_that_cannot_start_marks_the_lease_lost(monkeypatch: Any) -> None:
+    fired: list[str | None] = []
+    provider = _CountingRenewals()
+    lease = provider.acquire_lease("k", "o", 5_000)
+    handle = LeaseHandle(
+        provider,  # type: ignore[arg-type]
+        "k",
+        "o",
+        lease.token,
+        5_000,
+        on_lost=lambda h: fired.append(h.lost_reason),
+    )
+    real_start = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        if self.name.startswith("leaseguard-renew"):
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    renewer = LeaseRenewer(handle, 20).start()
+    deadline = time.monotonic() + 5
+    while not fired and time.monotonic() < deadline:
+        time.sleep(0.01)
+    renewer.stop()
+    assert fired == ["the renewal thread could not start: can't start new thread"]
+    assert handle.lost and provider.renewals == {}
+
+
+def test_a_forked_child_gets_a_timer_of_its_own() -> None:
+    import os
+
+    provider = _CountingRenewals()
+    LeaseRenewer(_granted(provider, "parent"), 20).start().stop()  # the parent's timer runs
+    pid = os.fork()
+    if pid == 0:  # the child: only os._exit, whatever happens
+        code = 1
+        try:
+            handle = _granted(provider, "child")
+            renewer = LeaseRenewer(handle, 20).start()
+            deadline = time.monotonic() + 5
+            while ("child", handle.token) not in provider.renewals and time.monotonic() < deadline:
+                time.sleep(0.01)
+            renewer.stop()
+            code = 0 if ("child", handle.token) in provider.renewals else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0  # the child's lease was renewed

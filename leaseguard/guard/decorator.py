@@ -75,11 +75,12 @@ def lease_owned(
     batch item failure, so SQS delivers it again later). ``logger``, ``metrics`` and ``tracer``
     take Powertools objects.
 
-    ``drain_batch`` (default ``LEASEGUARD_DRAIN_BATCH`` or 10; 0 turns it off): an owner whose
-    run succeeded and whose next signal would run inline takes up to this many queued signals
-    in one backend call and runs them one by one under its own grant (its token), then reports
-    them all with one hand-off. A failure stops the batch: the signals before it are done, the
-    failed one is retried first (or dead-lettered), the rest keep their place and attempts.
+    ``drain_batch`` (default ``LEASEGUARD_DRAIN_BATCH`` or 0, off: the signals of a batch
+    share one fencing token): an owner whose run succeeded and whose next signal would run
+    inline takes up to this many queued signals in one backend call and runs them one by one
+    under its own grant (its token), then reports them all with one hand-off. A failure stops
+    the batch: the signals before it are done, the failed one is retried first (or
+    dead-lettered), the rest keep their place and attempts.
     """
 
     def decorate(fn: F) -> F:
