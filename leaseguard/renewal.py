@@ -337,7 +337,7 @@ class _DeferredStarts:
         slot: list[LeaseRenewer | None] = [renewer]
         with self._cond:
             heapq.heappush(self._heap, (due, next(self._order), slot))
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # first use, or it died
                 self._thread = _Thread(target=self._run, name="leaseguard-timer", daemon=True)
                 self._thread.start()
             elif due < self._wakes_at:

@@ -8,6 +8,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from leaseguard import InMemoryLeaseProvider, LeaseHandle, Signal, current_lease, lease_owned
 from leaseguard.contract import LeaseResult
 from leaseguard.renewal import LeaseRenewer
@@ -284,3 +286,24 @@ def test_a_forked_child_gets_a_timer_of_its_own() -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0  # the child's lease was renewed
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_timer_thread_that_died_is_replaced() -> None:
+    from leaseguard.renewal import _DEFERRED_STARTS
+
+    class EndsTheTimer(LeaseRenewer):
+        def _first_renewal_due(self) -> None:
+            raise SystemExit  # not an Exception: the timer's guard lets it end the thread
+
+    provider = _CountingRenewals()
+    EndsTheTimer(_granted(provider, "ender"), 10).start()
+    deadline = time.monotonic() + 5
+    while _DEFERRED_STARTS._thread.is_alive() and time.monotonic() < deadline:  # type: ignore[union-attr]
+        time.sleep(0.01)
+    handle = _granted(provider, "after")
+    renewer = LeaseRenewer(handle, 20).start()
+    while ("after", handle.token) not in provider.renewals and time.monotonic() < deadline:
+        time.sleep(0.01)
+    renewer.stop()
+    assert ("after", handle.token) in provider.renewals
