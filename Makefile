@@ -85,6 +85,7 @@ bench: $(DEV_STAMP)
 	$(BIN)/python bench/redis_ops.py
 	$(BIN)/python bench/hot_key.py
 	$(BIN)/python bench/cluster_sweep.py
+	$(BIN)/python bench/cluster_ops.py
 	$(BIN)/python bench/dynamodb_requests.py
 	$(BIN)/python bench/import_time.py
 

@@ -1,6 +1,8 @@
 """A plain standalone client's script runs go on connections the provider keeps
 (:mod:`leaseguard.providers.redis.direct`): one per caller at a time, reconnected when they
-drop, never shared with a forked child, given back to the pool with the provider."""
+drop, never shared with a forked child, given back to the pool with the provider. A plain
+``RedisCluster``'s go the same way to the primary of their slot, and through the client's
+``execute_command`` whenever that primary does not simply answer."""
 
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from leaseguard.providers.redis import RedisLeaseProvider
-from leaseguard.providers.redis.direct import DirectCalls
+from leaseguard.providers.redis import RedisLeaseProvider, escape_key, key_slot
+from leaseguard.providers.redis.direct import ClusterCalls, DirectCalls
 
 TTL = 10_000
 
@@ -120,13 +122,96 @@ def test_other_clients_keep_execute_command(redis_url: str, redis_cluster_url: s
     class Instrumented(redis.Redis):
         pass
 
+    class InstrumentedCluster(RedisCluster):
+        pass
+
     sub = Instrumented.from_url(redis_url)
-    cluster = RedisCluster.from_url(redis_cluster_url)
-    for client in (single, sub, cluster):
+    sub_cluster = InstrumentedCluster.from_url(redis_cluster_url)
+    for client in (single, sub, sub_cluster):
         provider = RedisLeaseProvider(client, prefix=f"keep{uuid.uuid4().hex[:6]}:")
         assert provider.execute == client.execute_command
         assert provider.acquire_lease("k", "a", TTL).acquired
         client.close()
+
+
+# -- Redis Cluster ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(redis_cluster_url: str) -> Iterator[RedisCluster]:
+    client = RedisCluster.from_url(redis_cluster_url)
+    yield client
+    client.close()
+
+
+def _sent_to(client: RedisCluster) -> dict[str, int]:
+    """EVALSHA calls each primary has received so far: run, or rejected (a MOVED)."""
+    sent = {}
+    for node in client.get_primaries():
+        stats = client.info("commandstats", target_nodes=node).get("cmdstat_evalsha", {})
+        sent[node.name] = int(stats.get("calls", 0)) + int(stats.get("rejected_calls", 0))
+    return sent
+
+
+def test_a_cluster_script_goes_to_its_keys_primary_on_a_kept_connection(
+    cluster: RedisCluster,
+) -> None:
+    provider = RedisLeaseProvider(cluster, prefix=f"cc{uuid.uuid4().hex[:6]}:")
+    assert isinstance(provider.execute, ClusterCalls)
+    keys = [f"order-{n}" for n in range(12)]
+    cycles(provider, "warm", 1)  # every script loaded on every primary (NOSCRIPT counts a call)
+    before = _sent_to(cluster)
+    for key in keys:
+        cycles(provider, key, 5)
+    after = _sent_to(cluster)
+    expected = dict.fromkeys(after, 0)
+    for key in keys:
+        expected[cluster.nodes_manager.get_node_from_slot(key_slot(escape_key(key))).name] += 10
+    assert {n: after[n] - before[n] for n in after} == expected  # each on its own primary, once
+    kept = provider.execute._by_node  # one kept connection per primary used, and no more
+    assert set(kept) >= {n for n, calls in expected.items() if calls}
+    assert all(len(calls._idle) == 1 for _, calls in kept.values())
+
+
+def test_a_stale_slot_map_sends_the_script_again_through_the_cluster_client(
+    cluster: RedisCluster,
+) -> None:
+    """redis-py's map names the wrong primary for a key's slot (a slot that moved): that
+    primary answers MOVED without running the script, the cluster client follows the
+    redirection and corrects its map, and the next call goes straight to the right primary."""
+    provider = RedisLeaseProvider(cluster, prefix=f"cm{uuid.uuid4().hex[:6]}:")
+    cycles(provider, "warm", 1)  # every script loaded on every primary (NOSCRIPT counts a call)
+    key = "moved"
+    slot = key_slot(escape_key(key))
+    slots = cluster.nodes_manager.slots_cache
+    right = slots[slot][0]
+    wrong = next(n for n in cluster.get_primaries() if n.name != right.name)
+    slots[slot] = [wrong]
+    before = _sent_to(cluster)
+    first = provider.acquire_lease(key, "a", TTL)
+    assert cluster.nodes_manager.get_node_from_slot(slot).name == right.name  # corrected
+    provider.release_lease(key, "a")
+    after = _sent_to(cluster)
+    assert first.acquired and provider.inspect_key(key).owner is None
+    assert after[wrong.name] - before[wrong.name] == 1  # the MOVED, run nowhere
+    assert after[right.name] - before[right.name] == 2  # the acquire once, the release
+    second = provider.acquire_lease(key, "b", TTL)
+    assert second.acquired and second.token is not None and second.token > (first.token or 0)
+
+
+def test_a_cluster_connection_that_drops_is_replaced(cluster: RedisCluster) -> None:
+    provider = RedisLeaseProvider(cluster, prefix=f"ck{uuid.uuid4().hex[:6]}:")
+    key = "dropped"
+    cycles(provider, key, 2)
+    node = cluster.nodes_manager.get_node_from_slot(key_slot(escape_key(key)))
+    kept = provider.execute._by_node[node.name][1]._idle
+    assert len(kept) == 1
+    own = kept[0]._sock.getsockname()
+    listing = cluster.client_list(target_nodes=node)
+    ours = [c["id"] for c in listing if c["addr"] == f"{own[0]}:{own[1]}"]
+    assert len(ours) == 1 and cluster.client_kill_filter(_id=ours[0], target_nodes=node) == 1
+    cycles(provider, key, 3)  # reconnected: no error reaches the caller
+    assert provider.inspect_key(key).owner is None
 
 
 def test_an_unreachable_server_is_a_backend_error_that_names_the_refusal() -> None:

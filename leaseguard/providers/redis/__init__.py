@@ -16,9 +16,11 @@ dead-lettered, exactly as the model does.
 provider keeps (:mod:`.direct`): one per thread calling at the same moment, taken from the
 client's pool once and given back when the provider is collected, each command under the
 connection's retry policy. redis-py's ``execute_command`` spends about as much Python per
-command as the loopback round trip itself. Cluster clients, single-connection clients and
-subclasses of ``Redis`` keep ``execute_command``. On Cluster, the per-slot indexes are read by
-one script run per primary (:mod:`.slots`).
+command as the loopback round trip itself. On a plain ``RedisCluster`` each script goes the same
+way to the primary of its keys' slot, and through the client's ``execute_command`` whenever that
+primary does not simply answer (a redirection, a failover). Single-connection clients and
+subclasses keep ``execute_command``. On Cluster, the per-slot indexes are read by one script run
+per primary (:mod:`.slots`).
 
 **Retries.** redis-py resends a command whose connection dropped, also after Redis ran it. Every
 script is safe to run twice: a transfer or hand-off finds itself as the previous owner (``p``,

@@ -67,7 +67,8 @@ class RedisLeaseProvider(BaseLeaseProvider):
         self.client = client
         self.execute: Callable[..., Any] = direct_calls(client) or client.execute_command
         """What every script run is sent with: :class:`~.direct.DirectCalls` for a plain
-        standalone client, else the client's ``execute_command``."""
+        standalone client, :class:`~.direct.ClusterCalls` for a plain ``RedisCluster``, else
+        the client's ``execute_command``."""
         self.prefix = prefix
         self.cluster = isinstance(client, RedisCluster)
         self._slot_indexes = (
