@@ -17,6 +17,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
+from leaseguard.errors import LeaseBackendError
 from leaseguard.providers.redis import RedisLeaseProvider, escape_key, key_slot
 from leaseguard.providers.redis.direct import ClusterCalls, DirectCalls
 
@@ -230,3 +231,47 @@ def test_an_unreachable_server_is_a_backend_error_that_names_the_refusal() -> No
         chain.append(exc)
         exc = exc.__cause__ or exc.__context__
     assert not any(isinstance(e, IndexError) for e in chain), chain
+
+
+def test_a_slot_being_migrated_refuses_visibly_and_then_moves(cluster: RedisCluster) -> None:
+    """Live resharding. While a key's slot migrates, its keys are on neither primary: the old
+    one answers ASK, the new one answers TRYAGAIN to a multi-key script ("multiple keys request
+    during rehashing of slot"), which every script is. redis-py retries, then gives up: the call
+    fails with LeaseBackendError and wrote nothing, on either primary. Once the slot has moved,
+    the old primary answers MOVED and the key works on the new one."""
+    provider = RedisLeaseProvider(cluster, prefix=f"ca{uuid.uuid4().hex[:6]}:")
+    assert isinstance(provider.execute, ClusterCalls)
+    cycles(provider, "warm", 1)  # every script loaded on every primary
+    key = f"resharded-{uuid.uuid4().hex[:6]}"
+    slot = key_slot(escape_key(key))
+    source = cluster.nodes_manager.get_node_from_slot(slot)
+    target = next(n for n in cluster.get_primaries() if n.name != source.name)
+    ids = {n.name: cluster.cluster_myid(n) for n in (source, target)}
+
+    def setslot(node: Any, *args: str) -> None:
+        cluster.execute_command("CLUSTER SETSLOT", slot, *args, target_nodes=node)
+
+    def keys_in_slot(node: Any) -> list[bytes]:
+        found: list[bytes] = cluster.execute_command(
+            "CLUSTER GETKEYSINSLOT", slot, 1000, target_nodes=node
+        )
+        return found
+
+    setslot(target, "IMPORTING", ids[source.name])
+    setslot(source, "MIGRATING", ids[target.name])
+    try:
+        with pytest.raises(LeaseBackendError, match=r"TTL exhausted|TRYAGAIN|rehashing"):
+            provider.acquire_lease(key, "a", TTL)
+        assert keys_in_slot(source) == [] and keys_in_slot(target) == []  # nothing written
+        for node in cluster.get_primaries():  # the migration ends: the target owns the slot
+            setslot(node, "NODE", ids[target.name])
+        granted = provider.acquire_lease(key, "b", TTL)  # MOVED, then the new map
+        assert granted.acquired
+        assert cluster.nodes_manager.get_node_from_slot(slot).name == target.name
+        assert provider.inspect_key(key).owner == "b" and keys_in_slot(target)
+        provider.release_lease(key, "b")
+    finally:  # give the slot back, empty, so later tests on this cluster see the usual map
+        for name in keys_in_slot(target):
+            cluster.execute_command("DEL", name, target_nodes=target)
+        for node in cluster.get_primaries():
+            setslot(node, "NODE", ids[source.name])
