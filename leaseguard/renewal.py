@@ -315,9 +315,10 @@ class _DeferredStarts:
     Starting and joining a thread per invocation cost more than a run on a busy key (about
     150 µs; bench/hot_key.py), and an invocation that ends before its first renewal (a third of
     the TTL by default) never needed one. Registering costs a heap push under a lock; a
-    renewer that stops first only clears its slot. The timer sleeps until the earliest due time,
-    so a registration due no earlier than that, which is every one while the renewers share a
-    period, does not wake it.
+    renewer that stops first only clears its slot. The timer sleeps until the earliest due time
+    of a renewer still waiting, so a registration due no earlier than that, which is every one
+    while the renewers share a period, does not wake it, and neither does a renewer that
+    stopped: runs back to back wake it about twice a period, not once a run.
     """
 
     def __init__(self) -> None:
@@ -354,15 +355,21 @@ class _DeferredStarts:
                 _log.exception("starting the renewal thread of %r failed", renewer.handle)
 
     def _next_due(self) -> LeaseRenewer:
+        heap = self._heap
         while True:
+            # Withdrawn renewers (stopped before their due time: nearly all) are dropped
+            # before the timer decides how long to sleep, so it never wakes for one: on a busy
+            # key it then wakes about once a period, not once an invocation.
+            while heap and heap[0][2][0] is None:
+                heapq.heappop(heap)
             now = time.monotonic()
-            if self._heap and self._heap[0][0] <= now:
-                renewer = heapq.heappop(self._heap)[2][0]
-                if renewer is not None:
+            if heap and heap[0][0] <= now:
+                renewer = heapq.heappop(heap)[2][0]
+                if renewer is not None:  # (stopped since the check above: it says no itself)
                     self._wakes_at = now  # busy, not waiting: an add() need not notify
                     return renewer
                 continue
-            self._wakes_at = self._heap[0][0] if self._heap else math.inf
+            self._wakes_at = heap[0][0] if heap else math.inf
             self._cond.wait(None if self._wakes_at == math.inf else self._wakes_at - now)
 
 

@@ -307,3 +307,31 @@ def test_a_timer_thread_that_died_is_replaced() -> None:
         time.sleep(0.01)
     renewer.stop()
     assert ("after", handle.token) in provider.renewals
+
+
+def test_the_timer_does_not_wake_for_runs_that_ended(monkeypatch: Any) -> None:
+    # Runs back to back, each ending long before its first renewal: waking the timer for each
+    # one at its due time cost a context switch per run, what the timer is there to avoid.
+    from leaseguard import renewal
+
+    class CountingCondition(threading.Condition):
+        waits = 0
+
+        def wait(self, timeout: float | None = None) -> bool:
+            CountingCondition.waits += 1
+            return super().wait(timeout)
+
+    timer = renewal._DeferredStarts()
+    timer._cond = CountingCondition()
+    monkeypatch.setattr(renewal, "_DEFERRED_STARTS", timer)
+    provider = _CountingRenewals()
+    handle = _granted(provider, "busy")
+    runs = 0
+    deadline = time.monotonic() + 0.4  # eight periods
+    while time.monotonic() < deadline:
+        renewer = LeaseRenewer(handle, 50).start()
+        time.sleep(0.0002)  # a short run, waiting on I/O as real ones do
+        renewer.stop()
+        runs += 1
+    assert provider.renewals == {} and runs > 40
+    assert CountingCondition.waits < runs // 4  # about two a period, not one a run
