@@ -317,14 +317,14 @@ def redis_storage(provider: Any, client: Any, key: str, want: KeyState) -> list[
     found = []
     for role, got in zip(REDIS_KEY_ROLES, replies[: len(REDIS_KEY_ROLES)], strict=True):
         if role in ("index", "deadindex"):
-            if idle and got != b"":
+            if idle and got not in (b"", ""):  # "" from a client with decode_responses
                 found.append(f"{role} lists {key!r}, which has nothing pending")
         elif got == -1 and (idle or role not in REDIS_UNBOUNDED):
             found.append(f"{role} of {key!r} never expires ({'idle' if idle else 'busy'} key)")
     # no garbage inside the unbounded keys either: only live signals are stored or counted
     live = {s.id for s in want.queued} | set(want.in_flight)
     for role, fields in zip(("signals", "attempts"), replies[len(REDIS_KEY_ROLES) :], strict=True):
-        stale = sorted({f.decode() for f in fields} - live)
+        stale = sorted({f.decode() if isinstance(f, bytes) else f for f in fields} - live)
         if stale:
             found.append(f"{role} of {key!r} keeps {stale}, neither queued nor in flight")
     return found

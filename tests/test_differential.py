@@ -201,6 +201,31 @@ def test_redis_cluster_adopt_agrees_with_the_model(cluster_client: RedisCluster)
     check(run_many(cluster, seeds, length=16, budget_s=20.0, weights=adopting), cluster)
 
 
+@pytest.mark.parametrize("backend", ["redis", "redis-cluster"])
+def test_a_client_that_decodes_replies_agrees_with_the_model(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    """``decode_responses=True``, a common client setting: every reply arrives as ``str``
+    instead of ``bytes`` (holders, payloads, tokens, the scans' key names)."""
+    client: Any
+    if backend == "redis":
+        client = redis.Redis.from_url(request.getfixturevalue("redis_url"), decode_responses=True)
+    else:
+        url = request.getfixturevalue("redis_cluster_url")
+        client = RedisCluster.from_url(url, decode_responses=True)
+
+    def decoding() -> Side:
+        return redis_side(client, backend)
+
+    adopting = {**WEIGHTS, "adopt_orphans": 10, "expire": 10, "dead_letter_keys": 5}
+    try:
+        check(
+            run_many(decoding, range(60), length=LENGTH, budget_s=6.0, weights=adopting), decoding
+        )
+    finally:
+        client.close()
+
+
 def adoptions(seed: int, weights: dict[str, int]) -> tuple[int, int]:
     """(-adopt_orphans calls that adopt something, calls) in this sequence, on the model."""
     trace: list[tuple[Op, Any]] = []
