@@ -84,6 +84,7 @@ bench: $(DEV_STAMP)
 	$(call install,$(VENV),-e '.[bench]')
 	$(BIN)/python bench/redis_ops.py
 	$(BIN)/python bench/hot_key.py
+	$(BIN)/python bench/renewal_timer.py
 	$(BIN)/python bench/cluster_sweep.py
 	$(BIN)/python bench/cluster_ops.py
 	$(BIN)/python bench/dynamodb_requests.py
