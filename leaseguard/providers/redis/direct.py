@@ -123,12 +123,9 @@ class ClusterCalls:
         self.client = client
         self._by_node: dict[str, tuple[Any, DirectCalls]] = {}
         self._moved = e.MovedError
-        self._send_again = (
-            e.MovedError,
+        self._send_again = (  # (MOVED, caught first, is an AskError; CLUSTERDOWN a ClusterError)
             e.AskError,
             e.TryAgainError,
-            e.ClusterDownError,
-            e.MasterDownError,
             e.ReadOnlyError,
             e.ClusterError,
             redis.ConnectionError,

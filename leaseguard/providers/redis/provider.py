@@ -71,7 +71,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
         the client's ``execute_command``."""
         self.prefix = prefix
         self.cluster = isinstance(client, RedisCluster)
-        self._slot_indexes = (
+        self._slot_indexes = (  # isinstance, not self.cluster: it narrows the client's type
             SlotIndexes(client, prefix) if isinstance(client, RedisCluster) else None
         )
         self._keys: dict[str, list[str]] = {}
