@@ -6,7 +6,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: test checks demo lint typecheck pytest model-check model-check-small \
-	model-check-core model-check-queue soak bench clean
+	model-check-core model-check-queue model-check-drain soak bench clean
 
 # make test runs in three phases, each using both cores without crowding the next:
 #   1. the two virtualenvs, installed at once (.venv, and .venv-sam for the SAM CLI);
@@ -30,7 +30,7 @@ test:
 	@$(MAKE) --no-print-directory -j$(CHECK_JOBS) --output-sync=target checks
 	@$(MAKE) --no-print-directory pytest
 
-checks: sam-build model-check-core typecheck model-check-queue sam-validate lint
+checks: sam-build model-check-core typecheck model-check-queue model-check-drain sam-validate lint
 
 # sam build runs pip on this checkout (as pip install -e does for .venv): not both at once.
 sam-build: | $(DEV_STAMP)
@@ -58,14 +58,18 @@ pytest: $(DEV_STAMP)
 model-check: $(DEV_STAMP)
 	$(BIN)/python -m leaseguard.protocol.explore --bound default --min-states 100000
 	$(BIN)/python -m leaseguard.protocol.explore --bound queue-retries --min-states 100000
+	$(BIN)/python -m leaseguard.protocol.explore --bound drain --min-states 50000
 
-model-check-small: model-check-core model-check-queue
+model-check-small: model-check-core model-check-queue model-check-drain
 
 model-check-core: $(DEV_STAMP)
 	$(BIN)/python -m leaseguard.protocol.explore --bound small
 
 model-check-queue: $(DEV_STAMP)
 	$(BIN)/python -m leaseguard.protocol.explore --bound queue
+
+model-check-drain: $(DEV_STAMP)
+	$(BIN)/python -m leaseguard.protocol.explore --bound drain
 
 # Soak-scale runs of what make test samples: the model at its default bound, the differential
 # suite at 2,000 sequences (50,000 operations) per backend with no time budget (DynamoDB on moto

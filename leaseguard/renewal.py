@@ -78,11 +78,13 @@ class LeaseHandle:
         on_lost: Callable[[LeaseHandle], None] | None = None,
         *,
         sent_at: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``sent_at`` is when the request that granted the lease was *sent*
-        (:func:`time.monotonic`): the backend started the TTL no earlier, so counting from the
-        reply instead would let a slow reply stretch this process's belief past the backend's
-        deadline (docs/protocol.md, invariant (a))."""
+        """``sent_at`` is when the request that granted the lease was *sent* (``clock()``,
+        :func:`time.monotonic` unless the guard was given another clock, as the model checker
+        gives it): the backend started the TTL no earlier, so counting from the reply instead
+        would let a slow reply stretch this process's belief past the backend's deadline
+        (docs/protocol.md, invariant (a))."""
         self.provider = provider
         self.key = key
         self.owner = owner
@@ -91,7 +93,8 @@ class LeaseHandle:
         self.lost_reason: str | None = None
         self._on_lost = on_lost
         self._lock = threading.Lock()
-        self._valid_until = (time.monotonic() if sent_at is None else sent_at) + ttl_ms / 1000
+        self.clock = clock
+        self._valid_until = (clock() if sent_at is None else sent_at) + ttl_ms / 1000
         self.taken: list[Signal] = []
         # Signals this grant already holds in flight that no run was given yet (the rest of a
         # batch drain's take): older than anything still queued, so take_signals hands them
@@ -106,12 +109,12 @@ class LeaseHandle:
         """True once a renewal failed or was refused, or once the TTL has run out since the
         last successful renewal was sent (a renewal stuck in client retries does not count).
         A plain read: ``on_lost`` fires from the renewer, or from :meth:`settle`."""
-        return self.lost_reason is not None or time.monotonic() >= self._valid_until
+        return self.lost_reason is not None or self.clock() >= self._valid_until
 
     def settle(self) -> bool:
         """After the run: a lease that ran out with no renewal to say so is marked lost now
         (``on_lost`` fires once). Returns :attr:`lost`."""
-        if self.lost_reason is None and time.monotonic() >= self._valid_until:
+        if self.lost_reason is None and self.clock() >= self._valid_until:
             self.mark_lost("no renewal succeeded within the TTL")
         return self.lost
 
@@ -126,7 +129,7 @@ class LeaseHandle:
     def remaining_ms(self) -> int:
         """Time until the lease would expire as far as this process knows: measured from when
         the last successful renewal was *sent*, so it never overstates the backend's TTL."""
-        return max(int((self._valid_until - time.monotonic()) * 1000), 0)
+        return max(int((self._valid_until - self.clock()) * 1000), 0)
 
     def check(self) -> None:
         """Raise :class:`~leaseguard.errors.LeaseLostError` unless the lease is still held."""
@@ -283,29 +286,35 @@ class LeaseRenewer:
 
     def _run(self) -> None:
         while (handle := self._next()) is not None:
-            sent_at = time.monotonic()
-            failure = None
-            try:
-                if not handle.provider.renew_lease(
-                    handle.key, handle.owner, handle.ttl_ms, token=handle.token
-                ):
-                    failure = "renewal refused: the lease expired or moved to another owner"
-            except Exception as exc:
-                failure = f"renewal failed: {type(exc).__name__}: {exc}"
-            # Recorded before the renewal counts as finished: pause() returns once it is, and
-            # the flow then reads `lost` to decide whether to hand off.
-            if failure is None:
-                handle.renewed(sent_at)
-            else:
-                handle.mark_lost(failure)
-            with self._cond:
-                self._renewing = None
-                if self.handle is handle:
-                    if failure is None:
-                        self._due = sent_at + self.every_s
-                    else:
-                        self.handle = None  # a lost lease is not renewed again
-                self._cond.notify_all()
+            self._renew_once(handle)
+
+    def _renew_once(self, handle: LeaseHandle) -> None:
+        """One renewal of ``handle``, and what its reply means for the handle and the next due
+        time (the renewal thread's whole job; the model checker calls it when its search says
+        the renewal is due)."""
+        sent_at = handle.clock()
+        failure = None
+        try:
+            if not handle.provider.renew_lease(
+                handle.key, handle.owner, handle.ttl_ms, token=handle.token
+            ):
+                failure = "renewal refused: the lease expired or moved to another owner"
+        except Exception as exc:
+            failure = f"renewal failed: {type(exc).__name__}: {exc}"
+        # Recorded before the renewal counts as finished: pause() returns once it is, and
+        # the flow then reads `lost` to decide whether to hand off.
+        if failure is None:
+            handle.renewed(sent_at)
+        else:
+            handle.mark_lost(failure)
+        with self._cond:
+            self._renewing = None
+            if self.handle is handle:
+                if failure is None:
+                    self._due = sent_at + self.every_s
+                else:
+                    self.handle = None  # a lost lease is not renewed again
+            self._cond.notify_all()
 
 
 class _DeferredStarts:

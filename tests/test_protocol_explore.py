@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from leaseguard.protocol.explore import PRESETS, Bounds, Explorer, check_model, main
+from leaseguard.protocol.explore import (
+    FAMILIES,
+    PRESETS,
+    Bounds,
+    Explorer,
+    check_model,
+    check_mutant,
+    main,
+)
 from leaseguard.protocol.mutants import MUTANTS, HandoffKeepsToken, ReadThenEnqueue
 
 TINY = Bounds(events=2, faults=0, expiries=1, renews=0)
@@ -51,12 +59,65 @@ def test_the_queue_family_mutants_are_caught_with_the_invariant_they_break() -> 
         "bound-ignored": "(j)",
         "halt-ignored": "(i)",
         "redrive-drops": "(g)",
-        "full-forward-dropped": "(c)",
+        "guard-full-forward-dropped": "(c)",
     }
     queue_mutants = {m.name: m for m in MUTANTS if m.family == "queue"}
     assert set(queue_mutants) == set(expected)
     for name, invariant in expected.items():
         mutant = queue_mutants[name]
-        found = check_model(PRESETS["queue"], mutant.model(), mutant.rules)
+        found = check_mutant(PRESETS["queue"], mutant)
         assert found.violations == 1, name
         assert found.message is not None and found.message.startswith(invariant), found.message
+
+
+def test_the_explorer_runs_the_guards_own_flow() -> None:
+    """Every invocation the explorer moves is leaseguard.guard's Invocation.flow, driven by
+    the sync driver that ships: counting its calls during a tiny search finds them."""
+    from leaseguard.guard import flow
+
+    original = flow.Invocation.flow
+    calls = 0
+
+    def counted(self: flow.Invocation) -> flow.Flow:
+        nonlocal calls
+        calls += 1
+        return original(self)
+
+    flow.Invocation.flow = counted  # type: ignore[method-assign]
+    try:
+        result = check_model(TINY)
+    finally:
+        flow.Invocation.flow = original  # type: ignore[method-assign]
+    assert result.violations == 0
+    assert calls > result.states / 10
+
+
+def test_guard_mutants_are_caught_by_the_model_check() -> None:
+    """Mutants of leaseguard/guard/ itself (its source edited, as a bug would edit it) fail the
+    search of a bound that can see them, with the invariant they break."""
+    expected = {
+        "guard-ttl-clock-from-reply": ("small", "(a)"),
+        "guard-failed-run-reported-ok": ("small", "(c)"),
+        "guard-failed-take-completes": ("small", "(c)"),
+        "guard-own-failure-swallowed": ("small", "(c)"),
+    }
+    guard_mutants = {m.name: m for m in MUTANTS if m.source is not None}
+    assert len(guard_mutants) >= 3
+    assert all(m.source.module.startswith("leaseguard.") for m in guard_mutants.values())
+    for name, (bound, invariant) in expected.items():
+        mutant = guard_mutants[name]
+        assert mutant.family in FAMILIES[bound]
+        found = check_mutant(PRESETS[bound], mutant)
+        assert found.violations == 1, name
+        assert found.message is not None and found.message.startswith(invariant), found.message
+
+
+def test_a_source_mutant_is_undone_after_its_search() -> None:
+    from leaseguard.guard import drivers, flow
+
+    before = (flow.Invocation, drivers.Invocation)
+    mutant = next(m for m in MUTANTS if m.name == "guard-failed-run-reported-ok")
+    with mutant.applied():
+        assert flow.Invocation is not before[0] and drivers.Invocation is flow.Invocation
+    assert (flow.Invocation, drivers.Invocation) == before
+    assert check_model(TINY).violations == 0

@@ -13,7 +13,6 @@ nothing that succeeded runs again.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -100,9 +99,9 @@ def drain(
                 )
                 outcome = Outcome(error=error)
             else:
-                started = time.monotonic()
+                started = invocation.clock()
                 outcome = yield Run(rebuild_like(invocation.event, signal.payload), handle)
-                held_ms = (time.monotonic() - started) * 1000
+                held_ms = (invocation.clock() - started) * 1000
                 drained.longest_ms = max(drained.longest_ms, held_ms)
                 telemetry.timing("LeaseHoldMs", held_ms)
                 error = outcome.error

@@ -9,7 +9,6 @@ semantics.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Generator
 from dataclasses import replace
 from typing import Any
@@ -40,6 +39,7 @@ class Invocation:
         self.event = call.event
         self.context = call.context
         self.telemetry = guard.telemetry
+        self.clock = guard.clock
 
     def flow(self) -> Flow:
         if self.context is None:
@@ -58,7 +58,7 @@ class Invocation:
 
         key = self.guard.key_of(self.event)
         own = Signal(self.options.signal_id_fn(self.event, self.context), as_json(self.event))
-        sent_at = time.monotonic()
+        sent_at = self.clock()
         try:
             # Without a bound of its own the call names none: a provider of another package
             # need only implement SignalQueue's acquire_or_enqueue.
@@ -113,7 +113,7 @@ class Invocation:
         return responses.chain_result(self.event, key, own.id, outcome, own_event=own_event)
 
     def _receive(self, envelope: Envelope) -> Flow:
-        sent_at = time.monotonic()
+        sent_at = self.clock()
         signal = self.guard.provider.claim_signal(
             envelope.key, envelope.owner, envelope.token, self.options.ttl_ms
         )
@@ -140,7 +140,7 @@ class Invocation:
         when the request that granted ``first`` was sent."""
         # One renewer for the whole chain, stopped before the invocation returns (Lambda freezes
         # the environment then, and a frozen renewer would look alive).
-        renewer = LeaseRenewer(None, self.options.renew_every_ms)
+        renewer = self.guard.renewer_class(None, self.options.renew_every_ms)
         try:
             return (yield from self._runs(key, first, sent_at, primary, own_event, renewer))
         finally:
@@ -169,6 +169,7 @@ class Invocation:
                 options.ttl_ms,
                 on_lost=self._lost_callback,
                 sent_at=sent_at,
+                clock=self.clock,
             )
             is_primary = current.id == primary
             if is_primary and own_event:
@@ -190,13 +191,13 @@ class Invocation:
                 )
             else:
                 renewer.follow(handle)
-                started = time.monotonic()
+                started = self.clock()
                 try:
                     outcome = yield Run(event, handle)
                 finally:
                     handle.settle()  # a TTL that ran out is the reason, not the pause below
                     renewer.pause()
-                held_ms = (time.monotonic() - started) * 1000
+                held_ms = (self.clock() - started) * 1000
                 longest_ms = max(longest_ms, held_ms)
                 telemetry.timing("LeaseHoldMs", held_ms)
             if is_primary:
@@ -245,7 +246,7 @@ class Invocation:
                 }
                 if options.on_poison != "skip":
                     report["on_poison"] = options.on_poison
-            sent_at = time.monotonic()
+            sent_at = self.clock()
             try:
                 nxt = provider.transfer_to_next(
                     key, current.id, options.ttl_ms, claim=not remote, token=handle.token, **report

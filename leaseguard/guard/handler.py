@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -10,6 +11,7 @@ from leaseguard import config
 from leaseguard.errors import ConfigurationError, HandlerKeyError, InvalidLeaseArgument
 from leaseguard.events import as_json
 from leaseguard.observability import Telemetry
+from leaseguard.renewal import LeaseRenewer
 from leaseguard.stacking import check_handler_stack
 from leaseguard.types import QueueProvider, is_lease_provider, is_signal_queue
 from leaseguard.validation import check_key
@@ -20,7 +22,12 @@ from .policy import HandoffPolicy
 
 
 class GuardedHandler:
-    """What ``@lease_owned`` knows about the handler it wraps (``wrapper.__leaseguard__``)."""
+    """What ``@lease_owned`` knows about the handler it wraps (``wrapper.__leaseguard__``).
+
+    ``clock`` (seconds, monotonic) and ``renewer_class`` are the flow's time and its renewal
+    thread: the model checker (:mod:`leaseguard.protocol.guarded`) sets both, so that it runs
+    this handler's own flow with time and renewals where its search puts them.
+    """
 
     def __init__(
         self,
@@ -43,6 +50,8 @@ class GuardedHandler:
         self.policy = HandoffPolicy(options)
         self.failures = FailureReporter(options, telemetry)
         self.warned_no_context = False
+        self.clock: Callable[[], float] = time.monotonic
+        self.renewer_class: type[LeaseRenewer] = LeaseRenewer
         check_handler_stack(handler, self.name)  # Powertools decorators that must be outside
 
     @property

@@ -1,5 +1,5 @@
 """What one search covers: the bounds of the explored world, the named presets the CLI and
-``make`` use, and the rules the simulated client follows (each client mutant changes one).
+``make`` use.
 """
 
 from __future__ import annotations
@@ -23,17 +23,7 @@ class Bounds:
     max_queue: int = 1000  # the forward bound (row Q8)
     halt: bool = False  # failures report on_poison="halt" (rows G6, N1, Q9, D4)
     redrives: int = 0  # operator redrives of a key's dead letters (row V1)
-
-
-@dataclass(frozen=True)
-class ClientRules:
-    """How the client (the guard) behaves; mutants change one rule."""
-
-    valid_from_send: bool = True  # a handle's TTL clock starts when the request was sent
-    atomic_forward: bool = True  # forward with one acquire_or_enqueue (not read, then enqueue)
-    failed_take_fails_run: bool = True  # a run whose take_signals failed ends as failed
-    full_fails_visibly: bool = True  # a forward refused by a full queue fails the invocation
-    partial_reports: bool = True  # the batch drain reports each taken signal's outcome (G8)
+    drain_batch: int = 0  # the guard's drain_batch: owners run batches behind them (row G8)
 
 
 PRESETS = {
@@ -58,6 +48,12 @@ PRESETS = {
         platform_retries=0,
     ),
 }
+
+# make test and make model-check: the guard's batch drain (drain_batch) behind a hand-off, over
+# three events (the second is handed the key, the third runs in its batch)
+PRESETS["drain"] = Bounds(
+    events=3, faults=1, expiries=0, renews=0, takes=0, drain_batch=2, platform_retries=0
+)
 
 # make model-check: the queue bounds with a platform retry of every refused or failed event
 PRESETS["queue-retries"] = replace(PRESETS["queue"], platform_retries=1)

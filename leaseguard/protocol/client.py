@@ -1,343 +1,250 @@
-"""The simulated guard client: every actor that talks to the backend, step by step.
+"""The explorer's actors: the guard's own flow (and the sweeper's), moved one input at a time.
 
-Invocations follow the guard's flow (``acquire_or_enqueue`` -> run -> ``take_signals``/renew ->
-``transfer_to_next`` -> the next signal inline, an envelope to a receiver, or done); receivers
-claim hand-off envelopes; the sweeper adopts orphaned work. Every call is two transitions,
-*apply* (the model's step) and *deliver* (what the reply does to the caller), so other actors
-and time can move while a reply is on the wire, and a fault can strike in between.
+Each actor is a script for :class:`~leaseguard.protocol.guarded.GuardDriver`, which runs the
+code that ships on it; this module decides which inputs the search may give next and keeps the
+invariants' books. A call the flow makes is applied to the world at once (it is on the wire);
+its reply is delivered as a later transition, or lost and resent, or given up on, so other
+actors and time can move in between. While a handler runs, it may finish, raise, take signals
+or have its lease renewed; a crash can end any actor at any point.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from leaseguard.types import LeaseResult
+from leaseguard.guard.options import GuardOptions
 
+from .bounds import Bounds
+from .guarded import (
+    GIVE_UP,
+    PLENTY_MS,
+    TICK_MS,
+    ActorSpec,
+    Advance,
+    CallWait,
+    ExplorerProvider,
+    Finished,
+    GuardDriver,
+    Input,
+    RunWait,
+    TimeLeftWait,
+)
 from .invariants import Invariants
-from .state import Failure, Full, Lost
-from .world import Actor, Call, World, show
+from .model import ProtocolModel
+from .state import Lost
+from .world import Actor, Call, World, hashable, show
 
-LIMIT = 10  # take_signals batch size
+Moves = Iterator[tuple[str, World]]
 
 
 class Client(Invariants):
-    """How each actor moves: its calls, what their replies do to it, and its faults."""
+    """How each actor can move, and what each move does to the books."""
 
-    # -- applying a step to the model ------------------------------------------------------------
+    def __init__(
+        self,
+        bounds: Bounds | None = None,
+        model: ProtocolModel | None = None,
+        provider_class: type[ExplorerProvider] = ExplorerProvider,
+    ) -> None:
+        super().__init__(bounds, model)
+        b = self.b
+        options = GuardOptions(
+            ttl_ms=self.ttl_ms,
+            renew_every_ms=max(self.ttl_ms // 3, 1),
+            max_attempts=b.max_attempts,
+            max_queue=b.max_queue,
+            drain_batch=b.drain_batch,
+            on_poison="halt" if b.halt else "skip",
+            signal_id_fn=lambda event, context: str(event["id"]),
+        )
+        self.driver = GuardDriver(self.model, options, self.key_of, provider_class)
+        self._serials = itertools.count()
 
-    def apply(self, w: World, actor: Actor, op: str, args: tuple[Any, ...], nonce: str) -> Any:
-        rec = self.rec(w, actor.key)
+    def advanced(self, a: Actor) -> Advance:
+        if a.adv is None:  # a new actor
+            return self.driver.advance(a.spec, a.script, a.trail)
+        return a.adv
+
+    def given(self, a: Actor, given: Input) -> Actor:
+        """``a`` with one more input, and where its flow goes from there."""
+        script = (*a.script, given)
+        trail = (*a.trail, (given.kind, given.now, hashable(given.value)))
+        return a._replace(
+            script=script, trail=trail, adv=self.driver.advance(a.spec, script, trail)
+        )
+
+    def validity(self, a: Actor, now: int) -> int | None:
+        """How long the grant ``a`` runs under is still valid as the guard sees it (ms from
+        ``now``; -1 once lost or run out; None without one)."""
+        wait = self.advanced(a).wait
+        handle = wait.handle if isinstance(wait, (RunWait, CallWait)) else None
+        if handle is None:
+            return None
+        left = round(handle.valid_until * TICK_MS) - now
+        return -1 if handle.lost_reason is not None or left <= 0 else left
+
+    def waiting(self, a: Actor) -> RunWait | None:
+        """The handler run ``a`` is in, if it is in one (and not waiting for a reply)."""
+        if a.call is not None:
+            return None
+        wait = self.advanced(a).wait
+        return wait if isinstance(wait, RunWait) else None
+
+    # -- actors starting and moving -----------------------------------------------------------
+
+    def spawn(self, w: World, aid: str, spec: ActorSpec, label: str) -> Moves:
+        """A new actor runs until it first waits (its first call is applied at once)."""
+        a = Actor(aid, spec, next(self._serials))
+        a = a._replace(adv=self.advanced(a))
+        w.actors = (*w.actors, a)
+        yield from self.proceed(w, len(w.actors) - 1, a, label)
+
+    def proceed(self, w: World, n: int, a: Actor, label: str) -> Moves:
+        """``a`` (at index ``n``, its script just grown) runs on to what it waits for next."""
+        adv = self.advanced(a)
+        for sid in adv.started:
+            self.start(w, a.key, sid)
+        for envelope in adv.envelopes:
+            self.deliver_later(w, ("env", envelope.key, envelope.owner, str(envelope.token)))
+        wait = adv.wait
+        if isinstance(wait, TimeLeftWait):
+            rec = self.rec(w, a.key)
+            # The deadline only matters when there is someone to hand to.
+            near = bool(rec.queue) or len(rec.in_flight) > 1
+            for left in (PLENTY_MS, 0) if near else (PLENTY_MS,):
+                nw = w.copy()
+                na = self.given(a, Input("time_left", w.now, left))
+                how = "" if not near else (" [time left]" if left else " [deadline near]")
+                yield from self.proceed(nw, n, na, label + how)
+            return
+        if isinstance(wait, CallWait):
+            nonce = f"n{a.serial}.{len(a.script)}"
+            reply = self.apply_call(w, a, wait.op, wait.apply, nonce)
+            call = Call(wait.op, wait.args, nonce, w.now, reply, reply, False, wait.apply)
+            self.replace_actor(w, n, a._replace(call=call))
+            yield f"{label}; {a.aid} {wait.op}{_args(wait.args)}", w
+            return
+        if isinstance(wait, Finished):
+            self.finished(w, n, a, wait.error)
+            end = "" if wait.error is None else f" (raised {type(wait.error).__name__})"
+            yield f"{label}; {a.aid} ends{end}", w
+            return
+        self.replace_actor(w, n, a)
+        yield f"{label}; {a.aid} runs the handler on {wait.sid}", w
+
+    def apply_call(self, w: World, a: Actor, op: str, apply: Any, nonce: str) -> Any:
+        rec = self.rec(w, a.key)
         before = set(rec.stored)
         grants = [(r.owner, r.token) for r in w.recs]
-        ttl, now, m = self.b.ttl, w.now, self.model
-        reply: Any
-        if op == "acquire":
-            known = args[0] in before
-            reply = m.acquire_or_enqueue(
-                rec, args[0], self.records[args[0]], ttl, nonce, now, self.b.max_queue
-            )
-            self.check_queue_bound(w, args[0], known, reply)
-        elif op == "peek":
-            reply = m.get_owner(rec, now)
-        elif op == "enqueue":  # only the read-then-enqueue mutant's client sends this
-            reply = m.enqueue_raw(rec, args[0], self.records[args[0]])  # type: ignore[attr-defined]
-        elif op == "take":
-            taken = m.take(rec, args[0], LIMIT, args[1], nonce, now)
-            reply = taken if isinstance(taken, Lost) else tuple(taken)
-        elif op == "renew":
-            reply = m.renew(rec, args[0], ttl, args[1], now)
-        elif op == "next":
-            owner, token, claim, failure = args
-            reply = m.transfer_to_next(rec, owner, ttl, claim, token, now, failure)
-        elif op == "claim":
-            reply = m.claim(rec, args[0], args[1], ttl, nonce, now)
-        elif op == "adopt":
-            reply = m.adopt(rec, ttl, False, nonce, now)
-        elif op == "redrive":
-            reply = m.redrive(rec, None, now)
-        else:  # pragma: no cover
-            raise AssertionError(op)
+        reply = apply(rec, w.now, nonce)
+        if op in ("acquire_or_enqueue", "enqueue") and a.event is not None:
+            self.check_queue_bound(w, a.event, a.event in before, reply)
         for sid in rec.queue:
             if sid not in before and sid not in w.book.enqueued:
                 w.book = w.book._replace(enqueued=(*w.book.enqueued, sid))
         self.check_tokens(w, grants)
         return reply
 
-    def send(self, w: World, a: Actor, op: str, args: tuple[Any, ...], phase: str) -> Actor:
-        # Unique per call; the state's key never shows it (see World.key).
-        nonce = f"{a.aid}.{a.seq}.{w.now}.{self.rec(w, a.key).token}"
-        reply = self.apply(w, a, op, args, nonce)
-        return a._replace(
-            phase=phase, call=Call(op, args, nonce, w.now, reply, reply, False), seq=a.seq + 1
-        )
-
-    def spawn(self, w: World, a: Actor) -> str:
-        """A new actor's first step is its first call (nothing before it is observable)."""
-        w.actors = (*w.actors, a)
-        n = len(w.actors) - 1
-        if a.phase == "claim":
-            self.replace_actor(w, n, self.send(w, a, "claim", (a.sid, a.token), "claim"))
-            return f"{a.aid} claim_signal({a.sid}@{a.token})"
-        if a.phase == "adopt":
-            self.replace_actor(w, n, self.send(w, a, "adopt", (), "adopt"))
-            return f"{a.aid} adopt_orphans({a.key})"
-        if self.rules.atomic_forward:
-            self.replace_actor(w, n, self.send(w, a, "acquire", (a.event,), "acq"))
-            return f"{a.aid} acquire_or_enqueue({a.event})"
-        self.replace_actor(w, n, self.send(w, a, "peek", (), "acq"))
-        return f"{a.aid} get_lease_owner"
-
-    def actor_steps(
-        self, w: World, n: int, a: Actor, faults_left: bool
-    ) -> Iterator[tuple[str, World]]:
+    def actor_steps(self, w: World, n: int, a: Actor, faults_left: bool) -> Moves:
         if faults_left:
             nw = w.copy()
             self.fault(nw)
             self.crash(nw, a)
             self.replace_actor(nw, n, None)
-            yield f"FAULT {a.aid} crashes ({a.phase})", nw
+            yield f"FAULT {a.aid} crashes", nw
         if a.call is not None:
             yield from self.reply_steps(w, n, a, faults_left)
-        elif a.phase == "run":
-            yield from self.run_steps(w, n, a, faults_left)
+            return
+        wait = self.waiting(a)
+        if wait is not None:
+            yield from self.run_steps(w, n, a, wait, faults_left)
 
-    def run_steps(
-        self, w: World, n: int, a: Actor, faults_left: bool
-    ) -> Iterator[tuple[str, World]]:
-        name = a.aid
-        for how, nw, done, failure in self.run_ends(w, a, faults_left):
-            if done.lost or nw.now >= done.valid_until:
-                self.finish(nw, n, done)
-                yield f"{how}; its lease is lost: no hand-off", nw
-                continue
-            rec = self.rec(nw, a.key)
-            # Inline or by envelope only differ when there is someone to hand to.
-            hands_off = bool(rec.queue) or (
-                failure is not None and len(rec.in_flight) > (a.sid == a.event)
-            )
-            for claim in (True, False) if hands_off else (True,):
-                cw = nw.copy()
-                args = (a.sid, a.token, claim, failure)
-                self.replace_actor(cw, n, self.send(cw, done, "next", args, "next"))
-                way = "inline" if claim else "by envelope"
-                yield f"{how}; transfer_to_next({a.sid}@{a.token}, {way})", cw
-        if a.spent:
-            return  # not run: nothing to take or renew
+    def run_steps(self, w: World, n: int, a: Actor, wait: RunWait, faults_left: bool) -> Moves:
+        handle, name = wait.handle, a.aid
         rec = self.rec(w, a.key)
-        if a.takes < self.b.takes and not a.lost and rec.queue:
-            nw = w.copy()
-            na = self.send(nw, a._replace(takes=a.takes + 1), "take", (a.sid, a.token), "run")
-            self.replace_actor(nw, n, na)
-            yield f"{name} take_signals", nw
-        # A renewal in the same tick as the grant or the last renewal changes nothing.
-        if a.renews < self.b.renews and not a.lost and a.valid_until < w.now + self.b.ttl:
-            nw = w.copy()
-            na = self.send(nw, a._replace(renews=a.renews + 1), "renew", (a.sid, a.token), "run")
-            self.replace_actor(nw, n, na)
-            yield f"{name} renew_lease", nw
-
-    def run_ends(
-        self, w: World, a: Actor, faults_left: bool
-    ) -> Iterator[tuple[str, World, Actor, Failure | None]]:
-        """How a run can end, each with its world, its actor and the report its
-        ``transfer_to_next`` sends. Besides the handler succeeding or raising on the whole run
-        (its own signal and what its handler took), the guard's batch drain (row G8): taken
-        signals run one by one, so one of them can fail after the ones before it succeeded,
-        and a drain whose ``take_signals`` failed reports its runs done and the rest unrun."""
-        name, m, halt = a.aid, self.b.max_attempts, self.b.halt
-        done = a._replace(phase="next")
-        if a.spent:
-            nw = w.copy()
-            how = f"{name} dead-letters {a.sid} unrun (its earlier runs never finished)"
-            yield how, nw, done, Failure("handler failed", a.sid != a.event, m, halt)
-            return
-        if a.error and self.rules.partial_reports:  # its take_signals failed
-            nw = w.copy()
-            ran = (a.sid or "", *a.taken)
-            nw.book = self.handled(nw.book, ran)
-            how = f"{name} drain's take_signals failed: {ran} done, the rest unrun"
-            yield how, nw, done, Failure("take failed", True, m, halt, completed=ran)
-        if a.error and self.rules.failed_take_fails_run:
-            # A handler's take may have moved signals it never saw: the run fails, which
-            # retries them instead of completing them.
-            nw = w.copy()
-            how = f"{name} run ends failed (its take_signals failed)"
-            yield how, nw, done, Failure("handler failed", a.sid != a.event, m, halt)
-            return
+        lost = handle.lost_reason is not None or w.now / TICK_MS >= handle.valid_until
         nw = w.copy()
-        nw.book = self.handled(nw.book, (a.sid, *a.taken))
-        yield f"{name} handler finishes {a.sid} (+{len(a.taken)} taken)", nw, done, None
-        if not faults_left:
-            return
-        nw = w.copy()
-        self.fault(nw)
-        self.excuse(nw, (a.sid or "", *a.taken))
-        own = a.kind == "inv" and a.sid == a.event
-        failed = done._replace(error=True, own_error=a.own_error or own)
-        how = f"FAULT {name} handler raises on {a.sid}"
-        yield how, nw, failed, Failure("handler failed", a.sid != a.event, m, halt)
-        if not self.rules.partial_reports:
-            return
-        for i, sid in enumerate(a.taken):
+        nw.book = self.handled(nw.book, wait.ids)
+        yield from self.act(nw, n, a, "ok", f"{name} handler finishes {', '.join(wait.ids)}")
+        if faults_left:
             nw = w.copy()
             self.fault(nw)
-            ran = (a.sid or "", *a.taken[:i])
-            nw.book = self.handled(nw.book, ran)
-            self.excuse(nw, a.taken[i:])  # the failed one, and the rest that never ran
-            how = f"FAULT {name}'s drain: {sid} raises after {ran} (partial report)"
-            report = Failure("handler failed", True, m, halt, completed=ran, failed=(sid,))
-            yield how, nw, done._replace(error=True), report
+            self.excuse(nw, wait.ids)
+            yield from self.act(nw, n, a, "raise", f"FAULT {name} handler raises on {wait.sid}")
+        if wait.takes < self.b.takes and not lost and rec.queue:
+            yield from self.act(w.copy(), n, a, "take", f"{name} handler takes signals")
+        # A renewal in the same tick as the grant or the last renewal changes nothing.
+        if (
+            wait.renews < self.b.renews
+            and not lost
+            and handle.valid_until < (w.now + self.ttl_ms) / TICK_MS
+        ):
+            yield from self.act(w.copy(), n, a, "renew", f"{name}'s lease is renewed")
 
-    def reply_steps(
-        self, w: World, n: int, a: Actor, faults_left: bool
-    ) -> Iterator[tuple[str, World]]:
+    def act(self, w: World, n: int, a: Actor, what: str, label: str) -> Moves:
+        yield from self.proceed(w, n, self.given(a, Input("act", w.now, what)), label)
+
+    def reply_steps(self, w: World, n: int, a: Actor, faults_left: bool) -> Moves:
         call = a.call
         assert call is not None
-        nw = w.copy()
-        self.deliver(nw, n, a._replace(call=None), call, call.reply)
-        yield f"{a.aid} gets the reply of {call.op}: {show(call.reply)}", nw
-        if not faults_left or call.op in ("peek", "enqueue"):
+        label = f"{a.aid} gets the reply of {call.op}: {show(call.reply)}"
+        yield from self.deliver(w.copy(), n, a, call, call.reply, label)
+        if not faults_left or call.op in ("get_lease_owner", "enqueue"):
             return
         if not call.resent:
             nw = w.copy()
             self.fault(nw)
-            reply = self.apply(nw, a, call.op, call.args, call.nonce)
+            reply = self.apply_call(nw, a, call.op, call.apply, call.nonce)
             self.check_resend(nw, a, call, reply)
             self.replace_actor(nw, n, a._replace(call=call._replace(reply=reply, resent=True)))
             yield f"FAULT {a.aid}'s reply of {call.op} is lost; resent: {show(reply)}", nw
         nw = w.copy()
         self.fault(nw)
-        self.give_up(nw, n, a._replace(call=None), call)
-        yield f"FAULT {a.aid} gives up on {call.op} (it was applied)", nw
+        self.excuse(nw, self.answers_for(a))
+        label = f"FAULT {a.aid} gives up on {call.op} (it was applied)"
+        yield from self.deliver(nw, n, a, call, GIVE_UP, label)
 
-    # -- what each reply does to the caller --------------------------------------------------
+    def deliver(self, w: World, n: int, a: Actor, call: Call, value: Any, label: str) -> Moves:
+        if call.op == "transfer_to_next" and isinstance(value, Lost):
+            wait = self.advanced(a).wait
+            if isinstance(wait, CallWait) and wait.handle is not None:
+                self.check_lost_reply(w, a, call, wait.handle)
+        na = self.given(a, Input("reply", w.now, value))._replace(call=None)
+        yield from self.proceed(w, n, na, label)
 
-    def deliver(self, w: World, n: int, a: Actor, call: Call, reply: Any) -> None:
-        op = call.op
-        if op == "peek":  # the mutant client: read, then enqueue or acquire
-            nxt = "enqueue" if reply is not None else "acquire"
-            self.replace_actor(w, n, self.send(w, a, nxt, (a.event,), "acq"))
-        elif op in ("acquire", "enqueue"):
-            if isinstance(reply, Full) and self.rules.full_fails_visibly and a.event:
-                self.platform_retry(w, a.event)  # 429 / a batch item failure / a raise
-                self.replace_actor(w, n, None)
-                return
-            if not isinstance(reply, LeaseResult) or not reply.acquired:
-                self.replace_actor(w, n, None)  # forwarded or duplicate: 202, done
-                return
-            signal = reply.adopted
-            sid = signal.id if signal is not None else a.event
-            token = signal.token if signal is not None else reply.token
-            attempts = signal.attempts if signal is not None else 0
-            self.begin(w, n, a, sid, token, call.sent_at, attempts)
-        elif op == "take":
-            if isinstance(reply, Lost):
-                self.replace_actor(w, n, a._replace(lost=True))
-                return
-            for s in reply:
-                self.start(w, a.key, s.id)
-            self.replace_actor(w, n, a._replace(taken=(*a.taken, *(s.id for s in reply))))
-        elif op == "renew":
-            if reply:
-                until = self.valid_until(w, call.sent_at)
-                self.replace_actor(w, n, a._replace(valid_until=max(a.valid_until, until)))
-            else:
-                self.replace_actor(w, n, a._replace(lost=True))
-        elif op == "next":
-            if isinstance(reply, Lost):
-                self.check_lost_reply(w, a, call)
-                self.finish(w, n, a)
-            elif reply is None:
-                self.finish(w, n, a)
-            elif call.args[2]:  # inline: the next signal runs in this invocation
-                self.begin(w, n, a, reply.id, reply.token, call.sent_at, reply.attempts)
-            else:
-                self.deliver_later(w, ("env", a.key, reply.id, str(reply.token)))
-                self.finish(w, n, a)
-        elif op == "claim":
-            if reply is None:
-                self.replace_actor(w, n, None)
-            else:
-                self.begin(w, n, a, reply.id, reply.token, call.sent_at, reply.attempts)
-        elif op == "adopt":
-            if reply is not None:
-                self.deliver_later(w, ("env", a.key, reply.id, str(reply.token)))
-            self.replace_actor(w, n, None)
+    # -- endings --------------------------------------------------------------------------------
 
-    def begin(
-        self,
-        w: World,
-        n: int,
-        a: Actor,
-        sid: str | None,
-        token: int | None,
-        sent_at: int,
-        attempts: int = 0,
-    ) -> None:
-        assert sid is not None
-        until = self.valid_until(w, sent_at)
-        # The guard dead-letters, unrun, a signal whose earlier runs all died (G5 counted them);
-        # the invocation's own event is the platform's to retry.
-        spent = attempts >= self.b.max_attempts and not (a.kind == "inv" and sid == a.event)
-        if not spent:
-            self.start(w, a.key, sid)
-        na = a._replace(
-            spent=spent,
-            phase="run",
-            sid=sid,
-            token=token,
-            valid_until=until,
-            lost=False,
-            taken=(),
-            takes=0,
-            renews=0,
-            error=False,
-        )
-        self.replace_actor(w, n, na)
+    def answers_for(self, a: Actor) -> tuple[str, ...]:
+        """What may run again if ``a`` stops now: its grant's runs and takes, and an
+        invocation's own event (the platform retries it)."""
+        held = self.advanced(a).held
+        return (*held, a.event) if a.kind == "inv" and a.event is not None else held
 
-    def valid_until(self, w: World, sent_at: int) -> int:
-        """Until when a handle believes in a lease granted or renewed by a call sent at
-        ``sent_at`` (the guard's LeaseHandle: counted from the send, never the reply)."""
-        return (sent_at if self.rules.valid_from_send else w.now) + self.b.ttl
-
-    def finish(self, w: World, n: int, a: Actor) -> None:
-        if a.kind == "inv" and a.own_error and a.event is not None:
-            self.platform_retry(w, a.event)  # the invocation re-raises its own event's error
+    def finished(self, w: World, n: int, a: Actor, error: BaseException | None) -> None:
+        """The invocation returned or raised: a raise is the platform's to retry (the event,
+        or for a receiver the envelope, as Lambda retries an async invocation)."""
+        if error is not None:
+            self.retry_invocation(w, a)
         self.replace_actor(w, n, None)
 
-    def give_up(self, w: World, n: int, a: Actor, call: Call) -> None:
-        """The caller saw an error although the step applied."""
-        op = call.op
-        if op == "acquire":
-            assert a.event is not None
-            self.excuse(w, (a.event,))
-            self.platform_retry(w, a.event)
-            self.replace_actor(w, n, None)
-        elif op == "take":  # the handler gets the exception; the run ends failed
-            self.excuse(w, (a.sid or "", *a.taken))
-            own = a.own_error or (a.kind == "inv" and a.sid == a.event)
-            self.replace_actor(w, n, a._replace(error=True, own_error=own))
-        elif op == "renew":
-            self.replace_actor(w, n, a._replace(lost=True))
-        elif op == "next":  # the invocation fails: the platform retries its own event
-            self.excuse(w, (a.sid or "", *a.taken))
-            if a.kind == "inv" and a.event is not None:
-                self.excuse(w, (a.event,))
-                self.platform_retry(w, a.event)
-            self.replace_actor(w, n, None)
-        elif op == "claim":  # the receiver fails: Lambda retries the envelope
-            self.deliver_later(w, ("env", a.key, a.sid or "", str(a.token)))
-            self.replace_actor(w, n, None)
-        else:  # adopt: the sweeper's pass fails; the grant idles until it expires
-            self.replace_actor(w, n, None)
-
     def crash(self, w: World, a: Actor) -> None:
-        held = tuple(s for s in (a.sid, *a.taken) if s is not None)
-        if a.kind == "inv" and a.event is not None:
-            self.excuse(w, (*held, a.event))
-            self.platform_retry(w, a.event)
-        else:
-            self.excuse(w, held)
-            if a.kind == "recv" and a.phase == "claim":
-                self.deliver_later(w, ("env", a.key, a.sid or "", str(a.token)))
+        self.excuse(w, self.answers_for(a))
+        self.retry_invocation(w, a)
+
+    def retry_invocation(self, w: World, a: Actor) -> None:
+        spec = a.spec
+        if spec.kind == "inv" and spec.event is not None:
+            self.platform_retry(w, spec.event)
+        elif spec.kind == "recv" and spec.owner is not None:
+            self.deliver_later(w, ("env", spec.key, spec.owner, str(spec.token)))
+
+
+def _args(args: tuple[Any, ...]) -> str:
+    shown = [
+        show(v) if not isinstance(v, (str, int)) or isinstance(v, bool) else str(v)
+        for v in args
+        if v is not None
+    ]
+    return f"({', '.join(shown)})"

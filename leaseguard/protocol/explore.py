@@ -1,31 +1,27 @@
-"""Exhaustive explicit-state search of the protocol model and the guard's client flow.
+"""Exhaustive explicit-state search of the protocol model and the guard's own code.
 
 ``make model-check`` runs ``python -m leaseguard.protocol.explore``. The world is the model's
-key records plus every actor that talks to them:
-
-* **invocations**, one per delivery of an event, following the guard's flow
-  (``acquire_or_enqueue`` -> run -> ``take_signals``/renew -> ``transfer_to_next`` -> the next
-  signal inline, or an envelope to a receiver, or done);
-* **receivers** of hand-off envelopes (``claim_signal`` -> run -> ``transfer_to_next`` ...);
-* **the sweeper** (``adopt_orphans`` -> envelope);
-* **the platform**: retries of failed invocations and envelopes, duplicate deliveries;
-* **the environment**: time advancing (leases expire, owners pause), and faults, each counted
-  against a budget: a reply lost after the step applied and then resent with the same nonce
-  (possibly after other actors' steps), a caller that gives up after the step applied, a crash
-  at any point, a handler that raises.
+key records plus every actor that talks to them, each running the code that ships
+(:mod:`~leaseguard.protocol.guarded`): invocations and envelope receivers run
+``leaseguard.guard``'s flow through its sync driver, the sweeper runs
+``leaseguard.handoff.dispatch_orphans``. Around them the search moves the platform (retries of
+failed invocations and envelopes, duplicate deliveries) and the environment (time, and faults,
+each counted against a budget: a reply lost after the step applied and then resent with the
+same nonce, a caller that gives up after the step applied, a crash at any point, a handler that
+raises).
 
 Every call is two transitions, *apply* and *deliver*, so other actors (and time) can move while
 a reply is on the wire. Breadth-first search finds the shortest trace to any violation of the
-invariants in docs/protocol.md, (a) to (j) in :mod:`leaseguard.protocol.invariants`.
+invariants in docs/protocol.md (:mod:`leaseguard.protocol.invariants`).
 
-The explorer is built in layers, one module each: :mod:`~leaseguard.protocol.world` (a state
-and its canonical key), :mod:`~leaseguard.protocol.invariants` (the checks),
-:mod:`~leaseguard.protocol.client` (the actors), and this module (the platform's and the
-environment's moves, the search, the command line); :mod:`~leaseguard.protocol.bounds` says
-how far a search looks.
+Layers, one module each: :mod:`~leaseguard.protocol.world` (a state and its canonical key),
+:mod:`~leaseguard.protocol.invariants` (the checks), :mod:`~leaseguard.protocol.guarded` (the
+guard's seams and the replay of its flow), :mod:`~leaseguard.protocol.client` (which inputs
+each actor may get next), and this module (the platform's and the environment's moves, the
+search, the command line); :mod:`~leaseguard.protocol.bounds` says how far a search looks.
 
-Mutants (:mod:`leaseguard.protocol.mutants`) break one rule each; every one must be caught, or
-the invariants are vacuous.
+Mutants (:mod:`leaseguard.protocol.mutants`) break one rule each, in the model, the provider's
+steps or the guard's source; every one must be caught, or the invariants are vacuous.
 """
 
 from __future__ import annotations
@@ -38,13 +34,25 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .bounds import PRESETS, Bounds, ClientRules
+from .bounds import PRESETS, Bounds
 from .client import Client
+from .guarded import TICK_MS, ActorSpec, ExplorerProvider
 from .model import ProtocolModel
-from .mutants import MUTANTS
-from .world import Actor, World, event_index
+from .mutants import MUTANTS, Mutant
+from .world import World, event_index
 
-__all__ = ["PRESETS", "Bounds", "ClientRules", "Explorer", "Result", "check_model", "main"]
+__all__ = ["PRESETS", "Bounds", "Explorer", "Result", "check_model", "check_mutant", "main"]
+
+
+# The mutants each bound must catch: the families of rules it can see.
+FAMILIES = {
+    "small": ("core",),
+    "default": ("core", "renewals"),
+    "deep": ("core", "renewals"),
+    "queue": ("queue",),
+    "queue-retries": ("queue",),
+    "drain": ("drain",),
+}
 
 
 @dataclass
@@ -69,8 +77,7 @@ class Explorer(Client):
             sid = self.events[book.arrived]
             nw = w.copy()
             nw.book = book._replace(arrived=book.arrived + 1)
-            label = self.spawn(nw, Actor(sid, "inv", self.key_of(sid), sid, "start", None))
-            yield f"event {sid} arrives: {label}", nw
+            yield from self.spawn(nw, sid, self.invocation(nw, sid), f"event {sid} arrives")
         for n, item in enumerate(book.pending):
             nw = w.copy()
             nw.book = book._replace(pending=book.pending[:n] + book.pending[n + 1 :])
@@ -80,30 +87,31 @@ class Explorer(Client):
                 retries = list(nw.book.retries)
                 retries[i] += 1
                 nw.book = nw.book._replace(retries=tuple(retries))
-                actor = Actor(f"{sid}r{retries[i]}", "inv", self.key_of(sid), sid, "start", None)
-                yield f"platform redelivers {sid}: {self.spawn(nw, actor)}", nw
-            else:
-                _, key, owner, token = item
-                for copies in (1, 2) if faults_left else (1,):
-                    cw = nw.copy()
-                    labels = []
-                    for _ in range(copies):
-                        aid = f"r.{owner}"
-                        while any(x.aid == aid for x in cw.actors):
-                            aid += "+"
-                        receiver = Actor(aid, "recv", key, None, "claim", None, owner, int(token))
-                        labels.append(self.spawn(cw, receiver))
-                    if copies == 1:
-                        yield f"platform delivers an envelope: {labels[0]}", cw
-                    else:
-                        self.fault(cw)
-                        yield f"FAULT platform delivers an envelope twice: {'; '.join(labels)}", cw
+                label = f"platform redelivers {sid}"
+                yield from self.spawn(nw, f"{sid}r{retries[i]}", self.invocation(nw, sid), label)
+                continue
+            _, key, owner, token = item
+            spec = ActorSpec("recv", key, None, owner, int(token), nw.now)
+            yield from self.spawn(
+                nw, self.receiver_id(nw, owner), spec, "platform delivers an envelope"
+            )
+            if faults_left:
+                cw = nw.copy()
+                self.fault(cw)
+                cw.book = cw.book._replace(pending=(*cw.book.pending, item))
+                yield from self.spawn(
+                    cw,
+                    self.receiver_id(cw, owner),
+                    spec,
+                    "FAULT platform delivers an envelope twice",
+                )
         if faults_left:
             for sid in self.events[: book.arrived]:
                 nw = w.copy()
                 nw.book = book._replace(faults=book.faults + 1)
-                actor = Actor(f"{sid}d{book.faults}", "inv", self.key_of(sid), sid, "start", None)
-                yield f"FAULT platform delivers {sid} again: {self.spawn(nw, actor)}", nw
+                aid = f"{sid}d{book.faults}"
+                label = f"FAULT platform delivers {sid} again"
+                yield from self.spawn(nw, aid, self.invocation(nw, sid), label)
         if book.redrives < b.redrives:
             for key in self.keys:
                 if self.rec(w, key).dead:
@@ -117,21 +125,31 @@ class Explorer(Client):
             orphaned = orphaned and not rec.halted
             if orphaned and not any(a.kind == "sweep" and a.key == key for a in w.actors):
                 nw = w.copy()
-                sweeper = Actor(f"sw.{key}", "sweep", key, None, "adopt", None)
-                yield f"sweeper: {self.spawn(nw, sweeper)}", nw
-        expiring = [r for r in w.recs if r.owner is not None and r.expires <= w.now + 1]
+                spec = ActorSpec("sweep", key, None, None, None, nw.now)
+                yield from self.spawn(nw, f"sw.{key}", spec, "sweeper")
+        expiring = [r for r in w.recs if r.owner is not None and r.expires <= w.now + TICK_MS]
         if not expiring or book.expiries < b.expiries:
             nw = w.copy()
-            nw.now += 1
+            nw.now += TICK_MS
             if expiring:
                 nw.book = nw.book._replace(expiries=book.expiries + 1)
             for rec in nw.recs:
                 if rec.owner is not None and rec.expires <= nw.now:
                     self.excuse(nw, tuple(rec.in_flight))
                 self.model.observe(rec, nw.now)
-            yield f"time {nw.now}" + (" (a lease runs out)" if expiring else ""), nw
+            yield f"time {nw.now // TICK_MS}" + (" (a lease runs out)" if expiring else ""), nw
         for n, a in enumerate(w.actors):
             yield from self.actor_steps(w, n, a, faults_left)
+
+    def invocation(self, w: World, sid: str) -> ActorSpec:
+        return ActorSpec("inv", self.key_of(sid), sid, None, None, w.now)
+
+    @staticmethod
+    def receiver_id(w: World, owner: str) -> str:
+        aid = f"r.{owner}"
+        while any(x.aid == aid for x in w.actors):
+            aid += "+"
+        return aid
 
     # -- search -----------------------------------------------------------------------------------
 
@@ -139,8 +157,8 @@ class Explorer(Client):
         started = time.monotonic()
         result = Result()
         first = self.initial()
-        ttl = self.b.ttl
-        first_key = first.key(ttl, self.keys)
+        ttl = self.ttl_ms
+        first_key = first.key(ttl, self.keys, self.validity)
         seen: dict[tuple[Any, ...], tuple[tuple[Any, ...] | None, str]] = {first_key: (None, "")}
         # each world waits with its key, computed once when it was first reached
         frontier = deque([(first, first_key)])
@@ -157,7 +175,7 @@ class Explorer(Client):
                 break
             for label, nw in self.successors(w):
                 result.transitions += 1
-                k = nw.key(ttl, self.keys)
+                k = nw.key(ttl, self.keys, self.validity)
                 if k not in seen:
                     seen[k] = (wkey, label)
                     frontier.append((nw, k))
@@ -179,9 +197,17 @@ class Explorer(Client):
 
 
 def check_model(
-    bounds: Bounds, model: ProtocolModel | None = None, rules: ClientRules | None = None
+    bounds: Bounds,
+    model: ProtocolModel | None = None,
+    provider_class: type[ExplorerProvider] = ExplorerProvider,
 ) -> Result:
-    return Explorer(bounds, model, rules).run()
+    return Explorer(bounds, model, provider_class).run()
+
+
+def check_mutant(bounds: Bounds, mutant: Mutant) -> Result:
+    """Explore ``mutant``: its model, its provider and its change to the guard's source."""
+    with mutant.applied():
+        return check_model(bounds, mutant.model(), mutant.provider_class)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,10 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_mutants:
         caught = 0
         # Each mutant is checked under the family of bounds that can see its rule.
-        family = "queue" if args.bound.startswith("queue") else "core"
-        mutants = [m for m in MUTANTS if m.family == family]
+        families = FAMILIES.get(args.bound, ("core",))
+        mutants = [m for m in MUTANTS if m.family in families]
         for mutant in mutants:
-            found = check_model(bounds, mutant.model(), mutant.rules)
+            found = check_mutant(bounds, mutant)
             ok = found.violations > 0
             caught += ok
             verdict = f"caught: {found.message}" if ok else "NOT CAUGHT"

@@ -16,17 +16,26 @@ reply delivered); (a) and (g) on every state; (c) on quiescent states only.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leaseguard.signals import Signal
 from leaseguard.types import LeaseResult
 
+from .guarded import TICK_MS
 from .state import Lost
 from .world import Actor, Call, ExplorerBase, World, event_index, show
+
+if TYPE_CHECKING:
+    from leaseguard.renewal import LeaseHandle
+
+    from .guarded import RunWait
 
 
 class Invariants(ExplorerBase):
     """The checks. Each sets ``w.violation`` (the first one found wins) or returns it."""
+
+    def waiting(self, a: Actor) -> RunWait | None:  # the client knows where its actors are
+        raise NotImplementedError
 
     def start(self, w: World, key: str, sid: str) -> None:
         """A handler run begins on ``sid``: (d), (e) and (i) are checked here."""
@@ -69,25 +78,29 @@ class Invariants(ExplorerBase):
         if queued and not known and reply.position > self.b.max_queue and not w.violation:
             w.violation = f"(j) {sid} was queued at {reply.position}, past max_queue"
 
-    def check_lost_reply(self, w: World, a: Actor, call: Call) -> None:
+    def check_lost_reply(self, w: World, a: Actor, call: Call, handle: LeaseHandle) -> None:
         """(f): ``transfer_to_next`` answered lost to a run that still held its lease."""
-        if call.sent_at < a.valid_until and not a.lost and w.violation is None:
-            w.violation = f"(f) {a.aid} held its lease on {a.sid} but transfer_to_next said lost"
+        held = call.sent_at / TICK_MS < handle.valid_until and handle.lost_reason is None
+        if held and w.violation is None:
+            w.violation = (
+                f"(f) {a.aid} held its lease on {handle.owner} but transfer_to_next said lost"
+            )
 
     def check_resend(self, w: World, a: Actor, call: Call, reply: Any) -> None:
         """(h): a resent call that was applied is answered as applied."""
         first, rec = call.first, self.rec(w, a.key)
         bad = False
-        if call.op == "acquire" and isinstance(first, LeaseResult) and first.acquired:
+        if call.op == "acquire_or_enqueue" and isinstance(first, LeaseResult) and first.acquired:
             live = rec.owner == first.owner and rec.token == first.token
             same = isinstance(reply, LeaseResult) and reply.acquired
             bad = live and not (same and reply.token == first.token)
-        elif call.op in ("claim", "adopt") and isinstance(first, Signal):
+        elif call.op in ("claim_signal", "adopt_orphans") and isinstance(first, Signal):
             live = rec.owner == first.id and rec.token == first.token
             bad = live and reply != first
-        elif call.op == "take" and isinstance(first, tuple) and not isinstance(first, Lost):
-            bad = rec.owner == a.sid and rec.token == a.token and reply != first
-        elif call.op == "next" and not isinstance(first, Lost):
+        elif call.op == "take_signals" and isinstance(first, list):
+            owner, token = call.args
+            bad = rec.owner == owner and rec.token == token and reply != first
+        elif call.op == "transfer_to_next" and not isinstance(first, Lost):
             bad = isinstance(reply, Lost)
         if bad and w.violation is None:
             w.violation = f"(h) {a.aid}'s resent {call.op} was answered {show(reply)}"
@@ -98,18 +111,20 @@ class Invariants(ExplorerBase):
             return w.violation
         for key in self.keys:
             rec = self.rec(w, key)
-            believers = [
-                a
-                for a in w.actors
-                if a.key == key and a.phase == "run" and not a.lost and w.now < a.valid_until
-            ]
+            believers = []
+            for a in w.actors:
+                wait = self.waiting(a) if a.key == key else None
+                if wait is None or wait.handle.lost_reason is not None:
+                    continue
+                if w.now / TICK_MS < wait.handle.valid_until:
+                    believers.append((a, wait.handle))
             if len(believers) > 1:
-                names = ", ".join(f"{a.aid} on {a.sid}" for a in believers)
+                names = ", ".join(f"{a.aid} on {h.owner}" for a, h in believers)
                 return f"(a) two runs believe they hold {key}: {names}"
-            for a in believers:
-                if rec.owner != a.sid or rec.token != a.token or rec.expires <= w.now:
+            for a, handle in believers:
+                if rec.owner != handle.owner or rec.token != handle.token or rec.expires <= w.now:
                     return (
-                        f"(a) {a.aid} believes it holds {key} as {a.sid}@{a.token}, "
+                        f"(a) {a.aid} believes it holds {key} as {handle.owner}@{handle.token}, "
                         f"the backend says {rec.owner}@{rec.token}"
                     )
             if rec.owner is None and rec.expires == 0 and rec.queue and not rec.halted:
@@ -132,13 +147,13 @@ class Invariants(ExplorerBase):
                         self.excuse(w, tuple(rec.in_flight))
                     w.now = max(w.now, rec.expires)
                 self.model.observe(rec, w.now)
-                signal = self.model.adopt(rec, self.b.ttl, True, f"drain.{w.now}", w.now)
+                signal = self.model.adopt(rec, self.ttl_ms, True, f"drain.{w.now}", w.now)
                 while signal is not None:
                     progressed = True
                     self.start(w, key, signal.id)
                     w.book = self.handled(w.book, (signal.id,))
                     nxt = self.model.transfer_to_next(
-                        rec, signal.id, self.b.ttl, True, signal.token, w.now
+                        rec, signal.id, self.ttl_ms, True, signal.token, w.now
                     )
                     signal = nxt if isinstance(nxt, Signal) else None
             if not progressed:

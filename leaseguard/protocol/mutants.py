@@ -6,11 +6,14 @@ A mutant that survives means the invariants (or the bounds) cannot see that rule
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 
 from leaseguard.types import LeaseResult, Signal
 
-from .bounds import ClientRules
+from .guarded import ExplorerProvider, source_mutation
 from .model import ProtocolModel
 from .state import DEFAULT_MAX_QUEUE, Failure, Full, KeyRecord, Lost, Stored
 
@@ -234,19 +237,70 @@ class PartialCompletedRequeued(_RewritesFailures):
         return failure if failure.completed is None else replace(failure, completed=())
 
 
+class ReadThenEnqueueProvider(ExplorerProvider):
+    """The forward as two steps: read the owner, then enqueue (or acquire) in a second step
+    (the classic lost wakeup)."""
+
+    def _acquire_or_enqueue(
+        self, key: str, signal: Signal, record: str, ttl_ms: int, max_queue: int
+    ) -> LeaseResult:
+        model = self.model
+        holder = self._step(
+            key, "get_lease_owner", (), lambda rec, now, nonce: model.get_owner(rec, now)
+        )
+        if holder is None:
+            return super()._acquire_or_enqueue(key, signal, record, ttl_ms, max_queue)
+        assert isinstance(model, ReadThenEnqueue)
+        return self._step(
+            key,
+            "enqueue",
+            (signal.id,),
+            lambda rec, now, nonce: model.enqueue_raw(rec, signal.id, record),
+        )
+
+
+@dataclass(frozen=True)
+class SourceChange:
+    """One edit of a module of the guard that ships: ``old`` (found exactly once) -> ``new``."""
+
+    module: str
+    old: str
+    new: str
+
+
 @dataclass(frozen=True)
 class Mutant:
+    """One broken rule: in the model (``model_class``), in the provider's steps
+    (``provider_class``), or in the guard's own code (``source``)."""
+
     name: str
-    model_class: type[ProtocolModel]
-    rules: ClientRules = field(default_factory=ClientRules)
+    model_class: type[ProtocolModel] = ProtocolModel
     family: str = "core"  # the bounds that can see its rule: "core" (small...) or "queue"
+    provider_class: type[ExplorerProvider] = ExplorerProvider
+    source: SourceChange | None = None
 
     def model(self) -> ProtocolModel:
         return self.model_class() if self.model_class is not ProtocolModel else _Model()
 
+    @contextmanager
+    def applied(self) -> Iterator[None]:
+        """While inside, the guard's code is this mutant's (if it changes the guard)."""
+        if self.source is None:
+            yield
+            return
+        with source_mutation(
+            importlib.import_module(self.source.module), self.source.old, self.source.new
+        ):
+            yield
+
+
+FLOW = "leaseguard.guard.flow"
+DRAIN = "leaseguard.guard.drain"
+RESPONSES = "leaseguard.guard.responses"
+RENEWAL = "leaseguard.renewal"
 
 MUTANTS: tuple[Mutant, ...] = (
-    Mutant("read-then-enqueue", ReadThenEnqueue, ClientRules(atomic_forward=False)),
+    Mutant("read-then-enqueue", ReadThenEnqueue, provider_class=ReadThenEnqueueProvider),
     Mutant("release-ignoring-queue", ReleaseIgnoringQueue),
     Mutant("handoff-keeps-token", HandoffKeepsToken),
     Mutant("grant-resend-unrecognised", GrantResendUnrecognised),
@@ -255,12 +309,54 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("adopt-drops-in-flight", AdoptDropsInFlight),
     Mutant("claim-twice", ClaimTwice),
     Mutant("resent-release-lost", ResentReleaseLost),
-    Mutant("ttl-clock-from-reply", ProtocolModel, ClientRules(valid_from_send=False)),
-    Mutant("failed-take-completes", ProtocolModel, ClientRules(failed_take_fails_run=False)),
-    Mutant("partial-unrun-completed", PartialUnrunCompleted),
-    Mutant("partial-completed-requeued", PartialCompletedRequeued),
+    Mutant("partial-unrun-completed", PartialUnrunCompleted, family="drain"),
+    Mutant("partial-completed-requeued", PartialCompletedRequeued, family="drain"),
+    # Mutants of the guard itself (leaseguard/guard/), run as the explorer runs the guard.
+    Mutant(
+        "guard-ttl-clock-from-reply",
+        source=SourceChange(
+            FLOW, "                sent_at=sent_at,\n", "                sent_at=None,\n"
+        ),
+    ),
+    Mutant(
+        "guard-failed-run-reported-ok",
+        source=SourceChange(
+            FLOW,
+            "            if error is not None:\n                report |=",
+            "            if False:\n                report |=",
+        ),
+    ),
+    Mutant(
+        "guard-failed-take-completes",
+        source=SourceChange(FLOW, "if error is None and handle.take_failed:", "if False:"),
+    ),
+    Mutant(
+        "guard-own-failure-swallowed",
+        source=SourceChange(
+            RESPONSES,
+            "    if own_event:\n        raise outcome.error\n",
+            "    if False:\n        raise outcome.error\n",
+        ),
+    ),
+    Mutant(
+        "guard-refused-renewal-ignored",
+        source=SourceChange(
+            RENEWAL,
+            "        else:\n            handle.mark_lost(failure)\n",
+            "        else:\n            pass\n",
+        ),
+        family="renewals",
+    ),
     Mutant("bound-ignored", BoundIgnored, family="queue"),
     Mutant("halt-ignored", HaltIgnored, family="queue"),
     Mutant("redrive-drops", RedriveDrops, family="queue"),
-    Mutant("full-forward-dropped", ProtocolModel, ClientRules(full_fails_visibly=False), "queue"),
+    Mutant(
+        "guard-full-forward-dropped",
+        family="queue",
+        source=SourceChange(
+            RESPONSES,
+            "    if not is_api_gateway(event):\n        raise full\n",
+            "    if not is_api_gateway(event):\n        return None\n",
+        ),
+    ),
 )

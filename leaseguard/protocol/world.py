@@ -6,14 +6,15 @@ equivalent states are explored once, with the bookkeeping every layer of the exp
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from leaseguard.signals import Signal, encode_signal
 from leaseguard.types import LeaseResult
 
-from .bounds import Bounds, ClientRules
+from .bounds import Bounds
+from .guarded import TICK_MS, ActorSpec, Advance, Input
 from .model import ProtocolModel
 from .state import Full, KeyRecord, Lost
 
@@ -28,28 +29,32 @@ class Call(NamedTuple):
     first: Any  # the reply of the first application
     reply: Any  # the reply the caller will see
     resent: bool
+    apply: Any = None  # the step, (record, now, nonce) -> reply: not part of the state
 
 
 class Actor(NamedTuple):
-    """An invocation, a receiver of an envelope, or the sweeper, and where it is in its flow."""
+    """An invocation, a receiver of an envelope, or the sweeper: the guard's own flow (or the
+    sweeper's) on the inputs it was given so far (:mod:`leaseguard.protocol.guarded`)."""
 
     aid: str
-    kind: str  # inv | recv | sweep
-    key: str
-    event: str | None  # an invocation's own event
-    phase: str  # start | acq | run | next | claim | adopt
-    call: Call | None
-    sid: str | None = None  # the signal being run
-    token: int | None = None
-    valid_until: int = 0
-    lost: bool = False
-    taken: tuple[str, ...] = ()
-    takes: int = 0
-    renews: int = 0
-    error: bool = False
-    own_error: bool = False  # the invocation's own event failed: the platform retries it
-    seq: int = 0
-    spent: bool = False  # granted with attempts >= max_attempts: dead-lettered unrun
+    spec: ActorSpec
+    serial: int  # unique per spawn, for its calls' nonces (not part of the state)
+    script: tuple[Input, ...] = ()
+    call: Call | None = None  # applied, its reply not delivered yet
+    trail: tuple[Any, ...] = ()  # the script, hashable (not part of the state)
+    adv: Advance | None = None  # where the script leads (not part of the state)
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    @property
+    def key(self) -> str:
+        return self.spec.key
+
+    @property
+    def event(self) -> str | None:
+        return self.spec.event
 
 
 class Book(NamedTuple):
@@ -78,7 +83,9 @@ class World:
     book: Book
     violation: str | None = None
 
-    def key(self, ttl: int, keys: list[str]) -> tuple[Any, ...]:
+    def key(
+        self, ttl: int, keys: list[str], until: Callable[[Actor, int], int | None]
+    ) -> tuple[Any, ...]:
         """The state as far as the future can tell. Times are relative to now (time matters
         only through deadlines), tokens relative to each key's last token (only their order
         matters), a nonce only as *which pending call* it belongs to (a fresh call never
@@ -87,7 +94,7 @@ class World:
         base = {k: r.token for k, r in zip(keys, self.recs, strict=True)}
         live = {a.call.nonce: n for n, a in enumerate(self.actors) if a.call is not None}
         recs = tuple(_canon_record(r.freeze(now), live, r.token) for r in self.recs)
-        actors = tuple(_canon_actor(a, now, ttl, base[a.key]) for a in self.actors)
+        actors = tuple(_canon_actor(a, now, ttl, base[a.key], until(a, now)) for a in self.actors)
         b = self.book
         slack = tuple(min(1 + e - r, 3) for e, r in zip(b.excuses, b.runs, strict=True))
         pending = tuple(
@@ -109,6 +116,8 @@ def _rel(value: Any, base: int) -> Any:
         return ("R", value.acquired, value.owner, token, value.position, adopted)
     if isinstance(value, Signal):
         return ("S", value.id, None if value.token is None else value.token - base, value.attempts)
+    if isinstance(value, list):
+        return ("L", *(_rel(v, base) for v in value))
     if isinstance(value, (Lost, Full)):
         return value
     if isinstance(value, tuple):
@@ -135,39 +144,64 @@ def _canon_record(image: tuple[Any, ...], live: dict[str, int], base: int) -> tu
     )
 
 
-@functools.lru_cache(maxsize=1 << 18)
-def _canon_actor(a: Actor, now: int, ttl: int, base: int) -> tuple[Any, ...]:
-    call = a.call
+def _canon_actor(a: Actor, now: int, ttl: int, base: int, until: int | None) -> tuple[Any, ...]:
+    """An actor as far as its future can tell: what it was given (its script) without when,
+    plus the times the flow still reads. The flow reads its clock only to start a lease's
+    clock (the grant or renewal request's send time, kept in the pending call), to ask whether
+    its lease ran out (``until``: the current grant's validity relative to now, or -1 once
+    lost) and for durations that only reach logs and metrics, or the handoff policy, which
+    the explorer's deadlines (none, or already past) decide alone. Tokens are relative to the
+    key's."""
+    spec, call = a.spec, a.call
     canon_call = call and (
         call.op,
         _rel(call.args, base),
-        _sent_at(call, now, ttl),
+        max(call.sent_at - now, -ttl - 1) if call.op in _LEASE_CLOCK_OPS else 0,
         _rel(call.first, base),
         _rel(call.reply, base),
         call.resent,
     )
-    return (
-        a.aid,
-        a.phase,
-        canon_call,
-        a.sid,
-        None if a.token is None else a.token - base,
-        max(a.valid_until - now, 0),
-        a.lost,
-        a.taken,
-        a.takes,
-        a.renews,
-        a.error,
-        a.own_error,
-        a.spent,
+    script = _canon_script(a.trail, base)
+    token = None if spec.token is None else spec.token - base
+    return (a.aid, spec.kind, spec.owner, token, script, until, canon_call)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _canon_script(trail: tuple[Any, ...], base: int) -> tuple[Any, ...]:
+    """A script without its times, tokens relative to ``base`` (``trail``: the script's
+    hashable form, tokens absolute)."""
+    return tuple(
+        (kind, value if kind == "time_left" else _rel_hashed(value, base))
+        for kind, _now, value in trail
     )
 
 
-def _sent_at(call: Call, now: int, ttl: int) -> int:
-    """When a call was sent matters only to calls whose reply starts a lease clock."""
-    if call.op in ("acquire", "renew", "claim", "enqueue") or (call.op == "next" and call.args[2]):
-        return max(call.sent_at - now, -ttl)
-    return 0
+def _rel_hashed(value: Any, base: int) -> Any:
+    """:func:`_rel` of a value already in :func:`hashable` form (tokens absolute)."""
+    if isinstance(value, tuple):
+        if value and value[0] == "R":
+            _, acquired, owner, token, position, adopted = value
+            token = None if token is None else token - base
+            return ("R", acquired, owner, token, position, adopted and _rel_hashed(adopted, base))
+        if value and value[0] == "S":
+            return ("S", value[1], None if value[2] is None else value[2] - base, value[3])
+        if isinstance(value, (Lost, Full)):
+            return value
+        return tuple(_rel_hashed(v, base) for v in value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value - base
+    return value
+
+
+# The calls whose send time starts a lease's clock in the guard (its LeaseHandle's validity).
+_LEASE_CLOCK_OPS = frozenset(
+    ("acquire_or_enqueue", "claim_signal", "renew_lease", "transfer_to_next", "enqueue")
+)
+
+
+def hashable(value: Any) -> Any:
+    """A script value as a dictionary key (a signal's payload is a dict)."""
+    return _rel(value, 0)
 
 
 def event_index(sid: str) -> int:
@@ -203,12 +237,11 @@ class ExplorerBase:
         self,
         bounds: Bounds | None = None,
         model: ProtocolModel | None = None,
-        rules: ClientRules | None = None,
     ) -> None:
         bounds = bounds or Bounds()
         self.b = bounds
+        self.ttl_ms = bounds.ttl * TICK_MS
         self.model = model or ProtocolModel(token_floor=lambda now: 0)
-        self.rules = rules or ClientRules()
         self.events = [f"e{i + 1}" for i in range(bounds.events)]
         self.keys = [f"k{i + 1}" for i in range(bounds.keys)]
         self.records = {s: encode_signal(Signal(s, s, 0)) for s in self.events}

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TypeVar
 
 from leaseguard.errors import LeaseLostError, QueueFull
 from leaseguard.protocol.model import (
@@ -32,6 +33,9 @@ from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES
 from .base import BaseLeaseProvider, new_nonce
 
 _GC_EVERY = 1024
+T = TypeVar("T")
+Step = Callable[[KeyRecord, int, str], T]
+"""One protocol step on one key: ``(record, now, nonce) -> reply``."""
 
 
 def _monotonic_ms() -> int:
@@ -92,6 +96,18 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
         with self._lock:
             return len(self._keys)
 
+    def _step(self, key: str, op: str, args: tuple[object, ...], apply: Step[T]) -> T:
+        """Apply one protocol step to ``key``'s record, atomically: ``apply(record, now,
+        nonce)`` is the model's step with this call's arguments. ``op`` and ``args`` name the
+        step for a subclass that schedules steps instead of applying them at once (the model
+        checker, :mod:`leaseguard.protocol.guarded`, applies and answers each one when its
+        search says so)."""
+        with self._lock:
+            rec, now = self._open(key)
+            result = apply(rec, now, new_nonce())
+            self._index(key, rec)
+            return result
+
     def _index(self, key: str, rec: KeyRecord) -> None:
         if rec.has_work:
             self._orphan_index.add(key)
@@ -105,58 +121,73 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
     # -- the contract ---------------------------------------------------------------------------
 
     def _acquire(self, key: str, owner: str, ttl_ms: int) -> LeaseResult:
-        with self._lock:
-            rec, now = self._open(key)
-            result = self.model.acquire_lease(rec, owner, ttl_ms, now)
-            self._index(key, rec)
-            return result
+        model = self.model
+        return self._step(
+            key,
+            "acquire_lease",
+            (owner,),
+            lambda rec, now, nonce: model.acquire_lease(rec, owner, ttl_ms, now),
+        )
 
     def _get_owner(self, key: str) -> str | None:
-        with self._lock:
-            rec, now = self._open(key)
-            return self.model.get_owner(rec, now)
+        model = self.model
+        return self._step(
+            key, "get_lease_owner", (), lambda rec, now, nonce: model.get_owner(rec, now)
+        )
 
     def _release(self, key: str, owner: str) -> None:
-        with self._lock:
-            rec, now = self._open(key)
-            self.model.release(rec, owner, now)
-            self._index(key, rec)
+        model = self.model
+        self._step(
+            key, "release_lease", (owner,), lambda rec, now, nonce: model.release(rec, owner, now)
+        )
 
     def _renew(self, key: str, owner: str, ttl_ms: int, token: int | None = None) -> bool:
-        with self._lock:
-            rec, now = self._open(key)
-            return self.model.renew(rec, owner, ttl_ms, token, now)
+        model = self.model
+        return self._step(
+            key,
+            "renew_lease",
+            (owner, token),
+            lambda rec, now, nonce: model.renew(rec, owner, ttl_ms, token, now),
+        )
 
     def _transfer(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
-        with self._lock:
-            rec, now = self._open(key)
-            moved = self.model.transfer_lease(rec, from_owner, to_owner, ttl_ms, now)
-            self._index(key, rec)
-            return moved
+        model = self.model
+        return self._step(
+            key,
+            "transfer_lease",
+            (from_owner, to_owner),
+            lambda rec, now, nonce: model.transfer_lease(rec, from_owner, to_owner, ttl_ms, now),
+        )
 
     # -- the signal queue -----------------------------------------------------------------------
 
     def _acquire_or_enqueue(
         self, key: str, signal: Signal, record: str, ttl_ms: int, max_queue: int
     ) -> LeaseResult:
-        nonce = new_nonce()
-        with self._lock:
-            rec, now = self._open(key)
-            result = self.model.acquire_or_enqueue(
+        model = self.model
+        result = self._step(
+            key,
+            "acquire_or_enqueue",
+            (signal.id,),
+            lambda rec, now, nonce: model.acquire_or_enqueue(
                 rec, signal.id, record, ttl_ms, nonce, now, max_queue
-            )
-            self._index(key, rec)
+            ),
+        )
         if isinstance(result, Full):
             raise QueueFull(key, result.depth, max_queue, result.holder)
         return result
 
     def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]:
-        with self._lock:
-            rec, now = self._open(key)
-            taken = self.model.take(rec, owner, limit, token, new_nonce(), now)
-            if isinstance(taken, Lost):
-                raise LeaseLostError(key, owner, taken.holder)
-            return taken
+        model = self.model
+        taken = self._step(
+            key,
+            "take_signals",
+            (owner, token),
+            lambda rec, now, nonce: model.take(rec, owner, limit, token, nonce, now),
+        )
+        if isinstance(taken, Lost):
+            raise LeaseLostError(key, owner, taken.holder)
+        return list(taken)
 
     def _transfer_to_next(
         self,
@@ -167,37 +198,53 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
         token: int | None = None,
         failure: Failure | None = None,
     ) -> Signal | None:
-        with self._lock:
-            rec, now = self._open(key)
-            nxt = self.model.transfer_to_next(rec, owner, ttl_ms, claim, token, now, failure)
-            self._index(key, rec)
-            if isinstance(nxt, Lost):
-                raise LeaseLostError(key, owner, nxt.holder)
-            return nxt
+        model = self.model
+        nxt = self._step(
+            key,
+            "transfer_to_next",
+            (owner, token, claim, failure),
+            lambda rec, now, nonce: model.transfer_to_next(
+                rec, owner, ttl_ms, claim, token, now, failure
+            ),
+        )
+        if isinstance(nxt, Lost):
+            raise LeaseLostError(key, owner, nxt.holder)
+        return nxt
 
     def _claim(self, key: str, owner: str, token: int, ttl_ms: int) -> Signal | None:
-        with self._lock:
-            rec, now = self._open(key)
-            signal = self.model.claim(rec, owner, token, ttl_ms, new_nonce(), now)
-            self._index(key, rec)
-            return signal
+        model = self.model
+        return self._step(
+            key,
+            "claim_signal",
+            (owner, token),
+            lambda rec, now, nonce: model.claim(rec, owner, token, ttl_ms, nonce, now),
+        )
 
     def _pending(self, key: str) -> int:
         with self._lock:
             rec = self._keys.get(key)
             return len(rec.queue) if rec else 0
 
-    def _adopt(self, ttl_ms: int, limit: int, claim: bool) -> list[tuple[str, Signal]]:
-        adopted: list[tuple[str, Signal]] = []
+    def _orphan_keys(self) -> list[str]:
+        """The keys an adoption pass visits: those with signals queued or in flight."""
         with self._lock:
-            for key in list(self._orphan_index):
-                if len(adopted) >= limit:
-                    break
-                rec, now = self._open(key)
-                signal = self.model.adopt(rec, ttl_ms, claim, new_nonce(), now)
-                self._index(key, rec)
-                if signal is not None:
-                    adopted.append((key, signal))
+            return list(self._orphan_index)
+
+    def _adopt(self, ttl_ms: int, limit: int, claim: bool) -> list[tuple[str, Signal]]:
+        # One step per key, as on Redis and DynamoDB: each key's adoption is atomic.
+        model = self.model
+        adopted: list[tuple[str, Signal]] = []
+        for key in self._orphan_keys():
+            if len(adopted) >= limit:
+                break
+            signal = self._step(
+                key,
+                "adopt_orphans",
+                (claim,),
+                lambda rec, now, nonce: model.adopt(rec, ttl_ms, claim, nonce, now),
+            )
+            if signal is not None:
+                adopted.append((key, signal))
         return adopted
 
     def _inspect(self, key: str) -> KeyState:
@@ -214,11 +261,10 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
         return replace(state, dead_letters=dead)
 
     def _redrive(self, key: str, ids: tuple[str, ...] | None) -> int:
-        with self._lock:
-            rec, now = self._open(key)
-            moved = self.model.redrive(rec, ids, now)
-            self._index(key, rec)
-            return moved
+        model = self.model
+        return self._step(
+            key, "redrive", (ids,), lambda rec, now, nonce: model.redrive(rec, ids, now)
+        )
 
     def _dead_letter_keys(self, limit: int) -> list[str]:
         with self._lock:
