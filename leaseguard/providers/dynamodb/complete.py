@@ -116,9 +116,11 @@ def complete(
     # A partial report [G8] remembers its completed ids as one succeeded batch, then (when
     # its owner did not succeed) the owner's failed entry as a batch of its own.
     owner_ok = failure is None or failure.verdict(owner) == "ok"
+    # The owner last, as the model's remember_done leaves it (its own entry after the in-flight
+    # ids'): a completion larger than DONE_LIMIT then forgets the same ids on every backend.
     batch: list[Any] = list(done_ids)
-    if then.kind == "next" and owner_ok and owner not in done_ids:
-        batch.append(owner)
+    if then.kind == "next" and owner_ok:
+        batch = [sid for sid in done_ids if sid != owner] + [owner]
     entries: list[Any] = [*batch, marker(now, token, True)] if batch else []
     if not owner_ok:
         failed_entry = [[owner, own_attempts], resume_tag(owner)] if own_attempts else [[owner]]
