@@ -220,3 +220,32 @@ def test_a_long_run_at_a_high_rate_keeps_the_newest_ids(
     assert (late.acquired, late.owner) == (False, None)  # the oldest remembered: duplicate
     evicted = provider.acquire_or_enqueue(KEY, Signal(ids[199], {}), TTL)
     assert evicted.acquired and evicted.owner == ids[199]  # forgotten: it runs again
+
+
+def test_a_queue_filled_to_its_room_with_long_ids_completes_in_one_batch(
+    make: Make, clock: Clock
+) -> None:
+    """1 KiB ids forwarded until the room check refuses ([Q8]), all taken and completed in
+    one write: the batch (over DONE_BYTES by itself) is cut to the bound in that write, the
+    item stays under DynamoDB's limit, and the key takes forwards again."""
+    from leaseguard.errors import QueueFull
+
+    provider = make(max_queue=1_000)
+    granted = provider.acquire_or_enqueue(KEY, Signal("owner", {}), TTL)
+    assert granted.acquired
+    queued: list[str] = []
+    with pytest.raises(QueueFull):
+        for n in range(1_000):
+            sid = f"{n:04d}" + "Q" * 1_020
+            provider.acquire_or_enqueue(KEY, Signal(sid, {}), TTL)
+            queued.append(sid)
+    assert len(queued) > DONE_LIMIT // 20  # far past DONE_BYTES of ids
+    taken = provider.take_signals(KEY, "owner", len(queued), token=granted.token)
+    assert [s.id for s in taken] == queued
+    assert provider.transfer_to_next(KEY, "owner", TTL, token=granted.token) is None
+    item = assert_bounded(provider)
+    view = done_view(item["d"]["L"], clock.now)
+    assert "owner" in view and queued[-1] in view and queued[0] not in view
+    clock.now += 10
+    run_alone(provider, "after")
+    assert_bounded(provider)

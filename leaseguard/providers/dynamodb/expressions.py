@@ -173,8 +173,14 @@ RELEASE_IDLE_UPDATE = (
     " #d = list_append(list_append(if_not_exists(#d, :empty), #f), :mark)"
     " REMOVE #o, #c, #w, #k, #kn, #f, #fn, #q, #qn, #gp, #gx, #a"
 )
-RELEASE_IDLE_CONDITION = f"{LIVE_OWNER} AND #f[0] = :me AND {QUEUE_EMPTY}"
-RELEASE_IDLE_GRANT_CONDITION = f"{LIVE_OWNER} AND #t = :grant AND #f[0] = :me AND {QUEUE_EMPTY}"
+# Only the owner alone in flight: its batch is then the owner's id, last as the model's
+# remember_done leaves it. An owner that took signals completes from the snapshot instead
+# (complete(), owner last), so a batch over DONE_LIMIT forgets the same ids as every backend.
+_ALONE = "size(#f) = :one"
+RELEASE_IDLE_CONDITION = f"{LIVE_OWNER} AND #f[0] = :me AND {_ALONE} AND {QUEUE_EMPTY}"
+RELEASE_IDLE_GRANT_CONDITION = (
+    f"{LIVE_OWNER} AND #t = :grant AND #f[0] = :me AND {_ALONE} AND {QUEUE_EMPTY}"
+)
 
 # [G2] ``d`` rewritten as what it remembers after a blind append, only if it is still as that
 # append left it (its length, and its last element, a unique marker, where it was)
