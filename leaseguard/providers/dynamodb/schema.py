@@ -60,7 +60,8 @@ _ENTRY_BYTES = 32
 # the only write that grows the lease item at a caller's discretion; every other write moves
 # entries (queue -> in flight -> done or dead letters) or adds what the protocol cannot refuse:
 # attempt counts (``a``: one per stored signal, after a failure or a crash) and completed ids
-# (``d``, up to DONE_RESERVE_BYTES as stored, stale entries included, before a prune). So a
+# (``d``: at most done.DONE_STORED_BYTES after any completion, forgotten entries included;
+# DONE_RESERVE_BYTES leaves room above that for a blind release's append). So a
 # forward is refused ([Q8]) unless the item, with the entry and the attempt count it may later
 # get, still leaves room for those, and ITEM_MARGIN_BYTES for forwards racing with it (each
 # judges the snapshot it read) and the small fields. Without it, a key could reach the limit
