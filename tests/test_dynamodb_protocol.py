@@ -487,11 +487,11 @@ def test_a_forward_resent_after_it_ran_is_a_duplicate(make: Make, clock: Clock) 
 def test_completed_ids_are_remembered_in_the_lease_item_and_pruned(
     make: Make, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from leaseguard.providers.dynamodb import complete
+    from leaseguard.providers.dynamodb import done
 
-    # the completer prunes once PRUNE_MIN (64) forgotten elements piled up: 8 here, so that 12
-    # completions (24 elements) show it without 160 requests
-    monkeypatch.setattr(complete, "PRUNE_MIN", 8)
+    # a completion rewrites d once PRUNE_MIN (64) forgotten elements piled up: 8 here, so that
+    # 12 completions (24 elements) show it without 160 requests
+    monkeypatch.setattr(done, "PRUNE_MIN", 8)
     provider = make()
     for n in range(12):
         result = provider.acquire_or_enqueue(KEY, sig(f"s{n}", n), TTL)
@@ -504,7 +504,7 @@ def test_completed_ids_are_remembered_in_the_lease_item_and_pruned(
     last = provider.acquire_or_enqueue(KEY, sig("s11", 11), TTL)  # forgotten: runs again
     assert last.acquired
     assert provider.transfer_to_next(KEY, "s11", TTL, token=last.token) is None
-    # The completer dropped the forgotten batches from the head of d (one extra write).
+    # The completion rewrote d as what it remembers (in its own write).
     assert len(lease_item(provider)["d"]["L"]) == 2
     # Nothing is left: the duplicate's record was inline in its refused grant, which stored
     # nothing (a payload item of a duplicate would be left to its TTL).
@@ -794,7 +794,8 @@ def test_the_done_view_applies_the_window_and_the_limits() -> None:
     kept = done_view([*many, mark(9)], now)
     assert len(kept) == DONE_LIMIT and "s4" not in kept and "s5" in kept
     long: list[dict[str, Any]] = [{"S": f"{i:04d}" + "x" * 1000} for i in range(100)]
-    assert len(done_view([*long, mark(1)], now)) == DONE_BYTES // 1005
+    # each entry is charged its stored bytes and a marker: 1 + 1,004 + 1 + 18
+    assert len(done_view([*long, mark(1)], now)) == DONE_BYTES // 1024
 
 
 # -- backpressure, halting, envelope retries, redrive (rows Q8 Q9 N1 D4 C4 V1 V2, G5) --------------

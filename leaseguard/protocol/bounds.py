@@ -24,6 +24,10 @@ class Bounds:
     halt: bool = False  # failures report on_poison="halt" (rows G6, N1, Q9, D4)
     redrives: int = 0  # operator redrives of a key's dead letters (row V1)
     drain_batch: int = 0  # the guard's drain_batch: owners run batches behind them (row G8)
+    # the done memory's bound (ProtocolModel(done_limit=...)); None: DONE_LIMIT. A bound of 1
+    # with two or three events overflows it, so a forgotten id's resend is explored (the
+    # invariants (d) and (f) excuse a repeat or a "lost" whose id an eviction forgot)
+    done_limit: int | None = None
 
 
 PRESETS = {

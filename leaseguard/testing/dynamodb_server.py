@@ -17,11 +17,21 @@ processes are served without competing with the test process's own interpreter l
 ...                                      region_name="us-east-1")
 
 Run it by hand with ``python -m leaseguard.testing.dynamodb_server --port 8000``.
+
+moto does not enforce DynamoDB's item limit as DynamoDB does: it sums its own idea of the
+sizes while it sets each attribute, counting the attribute being replaced twice, against
+405,000 bytes. So a test on raw moto can neither see a write that real DynamoDB refuses nor
+pass one that real DynamoDB accepts. :func:`install_item_size_limit` (applied to every app
+this module builds) replaces that check: after each ``PutItem`` / ``UpdateItem`` (also inside
+``BatchWriteItem``) the item's size is computed by DynamoDB's own rules
+(:func:`item_size`) and a write that leaves it above 400 KB (409,600 bytes) is undone and
+refused with the ``ValidationException`` DynamoDB returns.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import shutil
 import signal
@@ -31,11 +41,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from leaseguard.testing.servers import ManagedServer, free_port
+
+ITEM_LIMIT_BYTES = 400 * 1024
+"""DynamoDB's item size limit ("400 KB"; moto's own notes find the real edge at 409-410 KB)."""
 
 _START_TIMEOUT_S = 30.0
 _START_TRIES = 3
@@ -63,9 +76,100 @@ class SerializedApp:
                     close()
 
 
+def value_size(kind: str, body: Any) -> int:
+    """One attribute value's size by DynamoDB's rules (CapacityUnitCalculations): a string
+    its UTF-8 bytes, a number 1 byte per two significant digits plus 1, a binary its raw
+    bytes, a list or map 3 bytes plus 1 per element (plus each key's bytes in a map), a set
+    the sum of its elements, a boolean or null 1 byte. ``body`` is moto's stored value:
+    nested values are moto ``DynamoType`` objects (``.type``, ``.value``), binaries bytes or
+    base64 text."""
+    if kind == "S":
+        return len(str(body).encode("utf-8"))
+    if kind == "N":
+        return _number_size(str(body))
+    if kind == "B":
+        return len(_raw_bytes(body))
+    if kind == "L":
+        return 3 + sum(1 + value_size(v.type, v.value) for v in body)
+    if kind == "M":
+        return 3 + sum(
+            1 + len(k.encode("utf-8")) + value_size(v.type, v.value) for k, v in body.items()
+        )
+    if kind == "SS":
+        return sum(len(str(v).encode("utf-8")) for v in body)
+    if kind == "NS":
+        return sum(_number_size(str(v)) for v in body)
+    if kind == "BS":
+        return sum(len(_raw_bytes(v)) for v in body)
+    return 1  # BOOL, NULL
+
+
+def _number_size(text: str) -> int:
+    mantissa = text.lower().split("e")[0].lstrip("+-").replace(".", "")
+    digits = mantissa.strip("0") or "0"
+    return (len(digits) + 1) // 2 + 1
+
+
+def _raw_bytes(body: Any) -> bytes:
+    if isinstance(body, bytes):
+        return body
+    import base64
+
+    return base64.b64decode(str(body))
+
+
+def item_size(attrs: Mapping[str, Any]) -> int:
+    """An item's size by DynamoDB's rules: each attribute name's UTF-8 bytes plus its value's
+    size (``attrs`` maps names to moto ``DynamoType`` values)."""
+    return sum(len(name.encode("utf-8")) + value_size(v.type, v.value) for name, v in attrs.items())
+
+
+def install_item_size_limit() -> None:
+    """Make this process's moto refuse writes by DynamoDB's item limit instead of its own
+    (see the module docstring). Idempotent."""
+    from moto.dynamodb.exceptions import ItemSizeTooLarge, ItemSizeToUpdateTooLarge
+    from moto.dynamodb.models import DynamoDBBackend
+    from moto.dynamodb.models.dynamo_type import DynamoType, LimitedSizeDict
+    from moto.dynamodb.models.table import Table
+
+    if getattr(DynamoDBBackend.update_item, "_leaseguard_sized", False):
+        return
+    # moto's own count (which includes the value being replaced) is replaced, not added to
+    LimitedSizeDict.__setitem__ = dict.__setitem__  # type: ignore[method-assign]
+    original_update = DynamoDBBackend.update_item
+    original_put = Table.put_item
+
+    def update_item(self: Any, table_name: str, key: Any, *args: Any, **kwargs: Any) -> Any:
+        table = self.get_table(table_name)
+        hash_value, range_value = self.get_keys_value(table, key)
+        before = table.get_item(hash_value, range_value)
+        saved = copy.deepcopy(before.attrs) if before is not None else None
+        item = original_update(self, table_name, key, *args, **kwargs)
+        if item_size(item.attrs) > ITEM_LIMIT_BYTES:
+            if saved is None:
+                table.delete_item(hash_value, range_value)
+            else:
+                item.attrs = saved  # the stored Item was changed in place: put it back
+            raise ItemSizeToUpdateTooLarge()
+        return item
+
+    def put_item(self: Any, item_attrs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        typed = {name: DynamoType(value) for name, value in item_attrs.items()}
+        if item_size(typed) > ITEM_LIMIT_BYTES:
+            raise ItemSizeTooLarge()
+        return original_put(self, item_attrs, *args, **kwargs)
+
+    update_item._leaseguard_sized = True  # type: ignore[attr-defined]
+    DynamoDBBackend.update_item = update_item  # type: ignore[method-assign]
+    Table.put_item = put_item  # type: ignore[method-assign]
+
+
 def make_app(serialized: bool = True) -> WSGIApp:
-    """moto's app for every service (DynamoDB included), optionally serialized."""
+    """moto's app for every service (DynamoDB included), optionally serialized, with
+    DynamoDB's item limit (:func:`install_item_size_limit`)."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+    install_item_size_limit()
 
     app: WSGIApp = DomainDispatcherApplication(create_backend_app)
     return SerializedApp(app) if serialized else app

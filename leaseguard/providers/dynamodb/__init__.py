@@ -101,7 +101,7 @@ condition and update expression is a constant in :mod:`.expressions` that names 
 # DEFAULT_CLOCK_SKEW_MS from .schema without loading the provider and its steps.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .done import DONE_BYTES
+    from .done import DONE_BYTES, DONE_STORED_BYTES
     from .provider import DynamoDBLeaseProvider
     from .schema import (
         DEAD_LETTER_INDEX,
@@ -125,6 +125,7 @@ __all__ = [
     "DEFAULT_ORPHAN_SHARDS",
     "DEFAULT_RETENTION_S",
     "DONE_BYTES",
+    "DONE_STORED_BYTES",
     "DYNAMODB_MAX_PAYLOAD_BYTES",
     "INLINE",
     "INLINE_ITEM_BYTES",
@@ -154,6 +155,7 @@ _MODULES = {
         "schema",
     ),
     "DONE_BYTES": "done",
+    "DONE_STORED_BYTES": "done",
     "DynamoDBLeaseProvider": "provider",
 }
 

@@ -14,7 +14,7 @@ from leaseguard.providers.base import new_nonce
 from leaseguard.signals import decode_signal
 from leaseguard.types import Signal
 
-from .done import PRUNE_MIN, done_view, marker, prunable, resume_tag
+from .done import marker, plain, resume_tag, rewrite
 from .expressions import (
     ATTEMPTS,
     ATTEMPTS_SET,
@@ -24,7 +24,6 @@ from .expressions import (
     COMPLETE_SETS,
     COMPLETE_UPDATE,
     DEAD_LETTER_SETS,
-    DONE_ELEMENT,
     GONE_AHEAD_SETS,
     HALT_SET,
     MARK_DEAD_UPDATE,
@@ -34,6 +33,7 @@ from .expressions import (
     QUEUE_AT_HEAD,
     QUEUE_ELEMENT,
     REMEMBER_DONE,
+    REWRITE_DONE,
     THEN_FREE_REMOVES,
     THEN_FREE_SETS,
     THEN_HALTED_REMOVES,
@@ -116,9 +116,11 @@ def complete(
     # A partial report [G8] remembers its completed ids as one succeeded batch, then (when
     # its owner did not succeed) the owner's failed entry as a batch of its own.
     owner_ok = failure is None or failure.verdict(owner) == "ok"
+    # The owner last, as the model's remember_done leaves it (its own entry after the in-flight
+    # ids'): a completion larger than DONE_LIMIT then forgets the same ids on every backend.
     batch: list[Any] = list(done_ids)
-    if then.kind == "next" and owner_ok and owner not in done_ids:
-        batch.append(owner)
+    if then.kind == "next" and owner_ok:
+        batch = [sid for sid in done_ids if sid != owner] + [owner]
     entries: list[Any] = [*batch, marker(now, token, True)] if batch else []
     if not owner_ok:
         failed_entry = [[owner, own_attempts], resume_tag(owner)] if own_attempts else [[owner]]
@@ -129,8 +131,16 @@ def complete(
     values.update({":me": owner, ":now": now, ":tok": token, ":v": version, ":empty": []})
     sets = list(COMPLETE_SETS)
     if entries:
-        sets.append(REMEMBER_DONE)
-        values[":done"] = entries
+        # [G2] appended, or, once enough of d is forgotten, d rewritten as what it remembers
+        # with these entries: in this write, pinned to the snapshot, so that d never holds
+        # more than DONE_STORED_BYTES after a completion, whatever its size.
+        rewritten = rewrite([*lease.done, *(attribute_value(e) for e in entries)], now)
+        if rewritten is None:
+            sets.append(REMEMBER_DONE)
+            values[":done"] = entries
+        else:
+            sets.append(REWRITE_DONE)
+            values[":done"] = [plain(element) for element in rewritten]
     removes = list(COMPLETE_REMOVES)
     if dead:
         error = failure.error if failure else ""
@@ -221,8 +231,6 @@ def complete(
             return Retry(failed.lease)
     if drop:
         table.delete_signals(key, drop)
-    if entries:
-        prune(table, key, [*lease.done, *(attribute_value(e) for e in entries)], now)
     return result
 
 
@@ -267,19 +275,24 @@ def _put_at_head(sets: list[str], values: dict[str, Any], items: Sequence[tuple[
 
 
 def prune(table: Table, key: str, done: Sequence[Mapping[str, Any]], now: int) -> None:
-    """Drop forgotten batches from the head of ``d`` once enough piled up ([G2]): one
-    write, conditional on the last removed element (a unique marker) being where it was.
-    Best effort: a failure only leaves them for the next completion."""
-    cut = prunable(done, done_view(done, now))
-    if cut < PRUNE_MIN:
+    """After a write that appended to ``d`` without seeing it (``done``: ``d`` as that write
+    left it), rewrite ``d`` as what it remembers once enough of it is forgotten ([G2]): one
+    write, conditional on ``d`` being as it was (its length and its last element, a unique
+    marker: ``d`` only grows at its tail by completions, each ending in a new marker). Best
+    effort: a failure leaves it to the next completion, which rewrites it in its own write."""
+    rewritten = rewrite(done, now)
+    if rewritten is None or not done:
         return
-    elements = ", ".join(DONE_ELEMENT.format(index=i) for i in range(cut))
     with contextlib.suppress(ConditionFailed, LeaseBackendError):
         table.update(
             key,
-            PRUNE_UPDATE.format(elements=elements),
-            PRUNE_CONDITION.format(last=cut - 1),
-            {":m": int(done[cut - 1]["N"])},
+            PRUNE_UPDATE,
+            PRUNE_CONDITION.format(last=len(done) - 1),
+            {
+                ":done": [plain(element) for element in rewritten],
+                ":n": len(done),
+                ":m": int(done[-1]["N"]),
+            },
         )
 
 

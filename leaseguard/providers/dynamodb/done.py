@@ -14,14 +14,24 @@ from typing import Any
 
 from leaseguard.protocol.model import DEDUPE_WINDOW_MS, DONE_LIMIT
 
+from .schema import value_bytes
+
 # A completion marker in ``d`` is ``±(at * _MARK + token)``.
 _MARK = 10**20
-# Besides DONE_LIMIT ids, at most this many bytes of ids are remembered (ids may be 1 KiB each;
-# the lease item, which every write pays for, must stay far below DynamoDB's 400 KB).
+# Besides DONE_LIMIT ids, the remembered entries may take at most this many bytes of ``d`` as
+# stored (by DynamoDB's rules: each entry's elements, its resume tag, and its batch's marker
+# counted once per entry), the oldest forgotten first. Ids may be 1 KiB each; the lease item,
+# which every write pays for, must stay far below DynamoDB's 400 KB.
 DONE_BYTES = 64 * 1024
-# A completer prunes forgotten entries from the head of ``d`` once this many have piled up.
+# A completion rewrites ``d`` as what it remembers (dropping what it forgot: past the window,
+# beyond the limits, or named again by a later batch) as soon as at least this many elements,
+# or this many bytes, of it are forgotten ([G2]); below that it only appends.
 PRUNE_MIN = 64
-_PRUNE_MAX = 128  # elements per prune write (an UpdateExpression is limited to 4 KB)
+GARBAGE_BYTES = 4 * 1024
+DONE_STORED_BYTES = 3 + DONE_BYTES + GARBAGE_BYTES
+"""The most ``d`` holds after any completion (its value's size by DynamoDB's rules): what is
+remembered (at most DONE_BYTES) plus what is forgotten but not yet dropped (under
+GARBAGE_BYTES), plus the list's overhead."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +57,8 @@ def done_view(elements: Sequence[Mapping[str, Any]], now: int) -> dict[str, Done
     ``d`` is a list of batches, each the ids one completion finished (S) followed by its marker
     (N, see :func:`marker`). A later batch naming an id again replaces the earlier entry (as
     ``remember_done`` does); entries older than the dedupe window, and the oldest beyond
-    DONE_LIMIT ids or DONE_BYTES bytes of ids, are forgotten even while still stored.
+    DONE_LIMIT ids or DONE_BYTES stored bytes (:func:`_entry_bytes`), are forgotten even
+    while still stored.
     """
     view: dict[str, Done] = {}
     batch: list[tuple[str, int]] = []
@@ -66,11 +77,69 @@ def done_view(elements: Sequence[Mapping[str, Any]], now: int) -> dict[str, Done
     ids = [sid for sid, done in view.items() if done.at > horizon]
     start, size = len(ids), 0
     while start > 0 and len(ids) - start < DONE_LIMIT:
-        size += len(ids[start - 1].encode("utf-8")) + 1
+        sid = ids[start - 1]
+        size += _entry_bytes(sid, view[sid])
         if size > DONE_BYTES:
             break
         start -= 1
     return {sid: view[sid] for sid in ids[start:]}
+
+
+def _entry_elements(sid: str, done: Done) -> list[dict[str, Any]]:
+    """The elements of ``d`` that remember ``sid`` as ``done`` (without its batch's marker):
+    S for a success; L[S] for a failed run, L[S, N] and its resume tag when N > 0."""
+    if done.ok:
+        return [{"S": sid}]
+    if not done.attempts:
+        return [{"L": [{"S": sid}]}]
+    return [{"L": [{"S": sid}, {"N": str(done.attempts)}]}, {"B": resume_tag(sid)}]
+
+
+def _marker_element(done: Done) -> dict[str, Any]:
+    return {"N": str(marker(done.at, done.token, done.ok))}
+
+
+def _stored_bytes(elements: Sequence[Mapping[str, Any]]) -> int:
+    """The elements' share of ``d``'s size by DynamoDB's rules (1 byte each besides the
+    value)."""
+    return sum(1 + value_bytes(element) for element in elements)
+
+
+def _entry_bytes(sid: str, done: Done) -> int:
+    """What one remembered entry may take of ``d``: its elements and a marker of its own
+    (entries of one batch share one, so the sum over a view bounds its compacted size)."""
+    return _stored_bytes([*_entry_elements(sid, done), _marker_element(done)])
+
+
+def compacted(view: Mapping[str, Done]) -> list[dict[str, Any]]:
+    """[G2] ``d`` holding exactly ``view`` (oldest first): consecutive entries of one
+    completion (same token, time and outcome) form a batch ended by its marker, so
+    :func:`done_view` reads back the same view, and its size is at most
+    ``3 + sum of _entry_bytes`` (at most 3 + DONE_BYTES)."""
+    elements: list[dict[str, Any]] = []
+    last: Done | None = None
+    for sid, done in view.items():
+        key = Done(done.token, done.at, done.ok)
+        if last is not None and key != last:
+            elements.append(_marker_element(last))
+        elements += _entry_elements(sid, done)
+        last = key
+    if last is not None:
+        elements.append(_marker_element(last))
+    return elements
+
+
+def rewrite(elements: Sequence[Mapping[str, Any]], now: int) -> list[dict[str, Any]] | None:
+    """``d`` rewritten as what it remembers at ``now`` when at least PRUNE_MIN elements or
+    GARBAGE_BYTES bytes of ``elements`` are forgotten; None when appending is cheaper. A
+    single batch of any size is cut as needed (the view keeps only its newest ids)."""
+    kept = compacted(done_view(elements, now))
+    forgotten = len(elements) - len(kept)
+    if forgotten <= 0:
+        return None
+    if forgotten < PRUNE_MIN and _stored_bytes(elements) - _stored_bytes(kept) < GARBAGE_BYTES:
+        return None
+    return kept
 
 
 def _element_id(element: Mapping[str, Any]) -> str | None:
@@ -100,19 +169,13 @@ def resume_tag(signal_id: str) -> bytes:
     return signal_id.encode("utf-8")
 
 
-def prunable(elements: Sequence[Mapping[str, Any]], view: Mapping[str, Done]) -> int:
-    """How many leading elements of ``d`` (whole batches, at most _PRUNE_MAX) hold nothing the
-    view still needs: a batch whose ids were all forgotten or named again by a later batch."""
-    final: dict[str, int] = {}
-    for i, element in enumerate(elements):
-        sid = _element_id(element)
-        if sid is not None:
-            final[sid] = i
-    needed = {final[sid] for sid in view if sid in final}
-    cut = 0
-    for i, element in enumerate(elements[:_PRUNE_MAX]):
-        if i in needed:
-            break
-        if "N" in element:
-            cut = i + 1
-    return cut
+def plain(element: Mapping[str, Any]) -> object:
+    """An element of ``d`` as the Python value a request's values name it by (the inverse of
+    :func:`~leaseguard.providers.dynamodb.schema.attribute_value` for the shapes ``d`` holds)."""
+    if "S" in element:
+        return str(element["S"])
+    if "N" in element:
+        return int(element["N"])
+    if "B" in element:
+        return bytes(element["B"])
+    return [plain(nested) for nested in element["L"]]

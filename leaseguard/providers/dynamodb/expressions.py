@@ -173,13 +173,19 @@ RELEASE_IDLE_UPDATE = (
     " #d = list_append(list_append(if_not_exists(#d, :empty), #f), :mark)"
     " REMOVE #o, #c, #w, #k, #kn, #f, #fn, #q, #qn, #gp, #gx, #a"
 )
-RELEASE_IDLE_CONDITION = f"{LIVE_OWNER} AND #f[0] = :me AND {QUEUE_EMPTY}"
-RELEASE_IDLE_GRANT_CONDITION = f"{LIVE_OWNER} AND #t = :grant AND #f[0] = :me AND {QUEUE_EMPTY}"
+# Only the owner alone in flight: its batch is then the owner's id, last as the model's
+# remember_done leaves it. An owner that took signals completes from the snapshot instead
+# (complete(), owner last), so a batch over DONE_LIMIT forgets the same ids as every backend.
+_ALONE = "size(#f) = :one"
+RELEASE_IDLE_CONDITION = f"{LIVE_OWNER} AND #f[0] = :me AND {_ALONE} AND {QUEUE_EMPTY}"
+RELEASE_IDLE_GRANT_CONDITION = (
+    f"{LIVE_OWNER} AND #t = :grant AND #f[0] = :me AND {_ALONE} AND {QUEUE_EMPTY}"
+)
 
-# [G2] drop forgotten batches from the head of ``d`` (REMOVE #d[0], ... #d[last]), only if
-# the last one removed, a unique marker, is still where it was
-PRUNE_UPDATE = "REMOVE {elements}"
-PRUNE_CONDITION = "#d[{last}] = :m"
+# [G2] ``d`` rewritten as what it remembers after a blind append, only if it is still as that
+# append left it (its length, and its last element, a unique marker, where it was)
+PRUNE_UPDATE = "SET #d = :done"
+PRUNE_CONDITION = "size(#d) = :n AND #d[{last}] = :m"
 
 # [G6] the completion, then [L4] / [T1] / [N1] [N2] [N3]: SET {sets} REMOVE {removes}, from the
 # clauses below; pinned to the snapshot of the live grant (appends allowed, except where a
@@ -191,6 +197,8 @@ COMPLETE_SETS = ("#p = :me", "#pt = :tok", "#v = :v")
 COMPLETE_REMOVES = ("#k", "#kn", "#w")
 # [G2] the batch of completed ids (or the failed owner's nested entry), ended by its marker
 REMEMBER_DONE = "#d = list_append(if_not_exists(#d, :empty), :done)"
+# [G2] ... or, once enough of it is forgotten, d rewritten whole as what it remembers
+REWRITE_DONE = "#d = :done"
 # [G6] dead letters listed; the key is in the dead_letters index until [V1] moves the last
 DEAD_LETTER_SETS = (
     "#x = list_append(if_not_exists(#x, :empty), :xid)",

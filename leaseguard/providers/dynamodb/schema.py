@@ -60,7 +60,8 @@ _ENTRY_BYTES = 32
 # the only write that grows the lease item at a caller's discretion; every other write moves
 # entries (queue -> in flight -> done or dead letters) or adds what the protocol cannot refuse:
 # attempt counts (``a``: one per stored signal, after a failure or a crash) and completed ids
-# (``d``, up to DONE_RESERVE_BYTES as stored, stale entries included, before a prune). So a
+# (``d``: at most done.DONE_STORED_BYTES after any completion, forgotten entries included;
+# DONE_RESERVE_BYTES leaves room above that for a blind release's append). So a
 # forward is refused ([Q8]) unless the item, with the entry and the attempt count it may later
 # get, still leaves room for those, and ITEM_MARGIN_BYTES for forwards racing with it (each
 # judges the snapshot it read) and the small fields. Without it, a key could reach the limit
@@ -208,7 +209,7 @@ class Lease:
             index_at=number_of(item, "gx"),
             halted="h" in item,
             size=item_bytes(item),
-            done_size=_value_bytes(done) if done else 0,
+            done_size=value_bytes(done) if done else 0,
         )
 
     def live_owner(self, owner: str, now: int) -> bool:
@@ -348,10 +349,11 @@ def inline_record(ref: str) -> str:
 
 def item_bytes(item: Mapping[str, Any]) -> int:
     """An item's size by DynamoDB's rules (what its writes pay for per KB)."""
-    return sum(len(name.encode("utf-8")) + _value_bytes(value) for name, value in item.items())
+    return sum(len(name.encode("utf-8")) + value_bytes(value) for name, value in item.items())
 
 
-def _value_bytes(value: Mapping[str, Any]) -> int:
+def value_bytes(value: Mapping[str, Any]) -> int:
+    """One attribute value's size by DynamoDB's rules (see :func:`item_bytes`)."""
     kind, body = next(iter(value.items()))
     if kind == "S":
         return len(str(body).encode("utf-8"))
@@ -361,7 +363,7 @@ def _value_bytes(value: Mapping[str, Any]) -> int:
     if kind == "B":
         return len(body)
     if kind == "L":
-        return 3 + sum(1 + _value_bytes(v) for v in body)
+        return 3 + sum(1 + value_bytes(v) for v in body)
     if kind == "M":
-        return 3 + sum(1 + len(k.encode("utf-8")) + _value_bytes(v) for k, v in body.items())
+        return 3 + sum(1 + len(k.encode("utf-8")) + value_bytes(v) for k, v in body.items())
     return 1

@@ -152,6 +152,7 @@ def _release_if_idle(table: Table, key: str, owner: str, token: int | None) -> L
                 ":me": owner,
                 ":now": now,
                 ":zero": 0,
+                ":one": 1,
                 ":v": version,
                 ":ttl": table.ttl(now),
                 ":grant": token,
