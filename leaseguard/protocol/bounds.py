@@ -54,9 +54,18 @@ PRESETS = {
 }
 
 # make test and make model-check: the guard's batch drain (drain_batch) behind a hand-off, over
-# three events (the second is handed the key, the third runs in its batch)
+# three events (the second is handed the key, the third runs in its batch), with a done memory
+# of two ids, so the third completion overflows it and a forgotten id's resend or redelivery
+# is explored (docs/safety.md, the dedupe window's rate)
 PRESETS["drain"] = Bounds(
-    events=3, faults=1, expiries=0, renews=0, takes=0, drain_batch=2, platform_retries=0
+    events=3,
+    faults=1,
+    expiries=0,
+    renews=0,
+    takes=0,
+    drain_batch=2,
+    platform_retries=0,
+    done_limit=2,
 )
 
 # make model-check: the queue bounds with a platform retry of every refused or failed event

@@ -137,8 +137,10 @@ class Client(Invariants):
     def apply_call(self, w: World, a: Actor, op: str, apply: Any, nonce: str) -> Any:
         rec = self.rec(w, a.key)
         before = set(rec.stored)
+        remembered = list(rec.done)
         grants = [(r.owner, r.token) for r in w.recs]
         reply = apply(rec, w.now, nonce)
+        self.check_forgetting(w, remembered, rec.done)
         if op in ("acquire_or_enqueue", "enqueue") and a.event is not None:
             self.check_queue_bound(w, a.event, a.event in before, reply)
         for sid in rec.queue:

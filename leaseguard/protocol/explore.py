@@ -51,7 +51,7 @@ FAMILIES = {
     "deep": ("core", "renewals"),
     "queue": ("queue",),
     "queue-retries": ("queue",),
-    "drain": ("drain",),
+    "drain": ("drain", "memory"),
 }
 
 

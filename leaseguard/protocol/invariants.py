@@ -65,6 +65,20 @@ class Invariants(ExplorerBase):
         started[i] = True
         w.book = book._replace(runs=runs, started=tuple(started))
 
+    def check_forgetting(self, w: World, remembered: list[str], now_remembered: Any) -> None:
+        """The done memory past its bound (``Bounds.done_limit``): it forgets the oldest ids
+        first, and only once full. A forgotten id may run again or be answered lost (its
+        dedupe window no longer holds, docs/safety.md), so it is excused for (d) and (f)."""
+        forgotten = [sid for sid in remembered if sid not in now_remembered]
+        if not forgotten:
+            return
+        if forgotten != remembered[: len(forgotten)] and w.violation is None:
+            w.violation = f"(d) the done memory forgot {forgotten} before {remembered[0]}"
+        if len(now_remembered) < self.model.done_limit and w.violation is None:
+            w.violation = f"(d) the done memory forgot {forgotten} below its bound"
+        self.excuse(w, tuple(forgotten))
+        w.book = w.book._replace(evicted=(*w.book.evicted, *forgotten))
+
     def check_tokens(self, w: World, before: list[tuple[str | None, int]]) -> None:
         """(b): every new grant carries a larger token than any before it on that key."""
         for (owner, token), rec in zip(before, w.recs, strict=True):
@@ -81,6 +95,7 @@ class Invariants(ExplorerBase):
     def check_lost_reply(self, w: World, a: Actor, call: Call, handle: LeaseHandle) -> None:
         """(f): ``transfer_to_next`` answered lost to a run that still held its lease."""
         held = call.sent_at / TICK_MS < handle.valid_until and handle.lost_reason is None
+        held = held and handle.owner not in w.book.evicted
         if held and w.violation is None:
             w.violation = (
                 f"(f) {a.aid} held its lease on {handle.owner} but transfer_to_next said lost"
@@ -101,7 +116,8 @@ class Invariants(ExplorerBase):
             owner, token = call.args
             bad = rec.owner == owner and rec.token == token and reply != first
         elif call.op == "transfer_to_next" and not isinstance(first, Lost):
-            bad = isinstance(reply, Lost)
+            # past its bound the done memory may have forgotten this owner (docs/safety.md)
+            bad = isinstance(reply, Lost) and call.args[0] not in w.book.evicted
         if bad and w.violation is None:
             w.violation = f"(h) {a.aid}'s resent {call.op} was answered {show(reply)}"
 

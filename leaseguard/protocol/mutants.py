@@ -15,7 +15,7 @@ from leaseguard.types import LeaseResult, Signal
 
 from .guarded import ExplorerProvider, source_mutation
 from .model import ProtocolModel
-from .state import DEFAULT_MAX_QUEUE, Failure, Full, KeyRecord, Lost, Stored
+from .state import DEFAULT_MAX_QUEUE, Done, Failure, Full, KeyRecord, Lost, Stored
 
 
 class _Model(ProtocolModel):
@@ -134,6 +134,18 @@ class NoDedupeAfterCompletion(_Model):
         self, rec: KeyRecord, sid: str, token: int, now: int, ok: bool, attempts: int = 0
     ) -> None:
         super().remember_done(rec, sid, token, now, ok=False, attempts=attempts)
+
+
+class DoneForgetsNewest(_Model):
+    """The done memory past its bound forgets its newest id instead of its oldest."""
+
+    def remember_done(
+        self, rec: KeyRecord, sid: str, token: int, now: int, ok: bool, attempts: int = 0
+    ) -> None:
+        rec.done.pop(sid, None)
+        if len(rec.done) >= self.done_limit:
+            del rec.done[list(rec.done)[-1]]
+        rec.done[sid] = Done(token, now, ok, attempts)
 
 
 class AdoptDropsInFlight(_Model):
@@ -347,6 +359,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         family="renewals",
     ),
+    Mutant("done-forgets-newest", DoneForgetsNewest, family="memory"),
     Mutant("bound-ignored", BoundIgnored, family="queue"),
     Mutant("halt-ignored", HaltIgnored, family="queue"),
     Mutant("redrive-drops", RedriveDrops, family="queue"),

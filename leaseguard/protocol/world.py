@@ -73,6 +73,7 @@ class Book(NamedTuple):
     gave_up: tuple[bool, ...]  # the platform saw the event fail and stopped retrying
     pending: tuple[tuple[str, ...], ...]  # platform deliveries due: ('e', id) | ('env', ...)
     redrives: int = 0
+    evicted: tuple[str, ...] = ()  # ids the done memory forgot at its bound (oldest first)
 
 
 @dataclass
@@ -101,7 +102,17 @@ class World:
             item if item[0] == "e" else (*item[:3], int(item[3]) - base[item[1]])
             for item in b.pending
         )
-        book = (b.arrived, b.faults, slack, b.oks, b.started, b.enqueued, b.expiries, b.redrives)
+        book = (
+            b.arrived,
+            b.faults,
+            slack,
+            b.oks,
+            b.started,
+            b.enqueued,
+            b.expiries,
+            b.redrives,
+            b.evicted,
+        )
         return (recs, actors, book, b.retries, b.gave_up, pending)
 
     def copy(self) -> World:
@@ -242,6 +253,8 @@ class ExplorerBase:
         self.b = bounds
         self.ttl_ms = bounds.ttl * TICK_MS
         self.model = model or ProtocolModel(token_floor=lambda now: 0)
+        if bounds.done_limit is not None:
+            self.model.done_limit = bounds.done_limit
         self.events = [f"e{i + 1}" for i in range(bounds.events)]
         self.keys = [f"k{i + 1}" for i in range(bounds.keys)]
         self.records = {s: encode_signal(Signal(s, s, 0)) for s in self.events}
