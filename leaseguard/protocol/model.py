@@ -29,6 +29,7 @@ from .state import (
     Full,
     KeyRecord,
     Lost,
+    Redriven,
     Stored,
     dead_letter,
 )
@@ -37,6 +38,7 @@ from .state import (
 __all__ = ["DEDUPE_WINDOW_MS", "DEFAULT_MAX_ATTEMPTS", "ProtocolModel", "clock_floor"]
 __all__ += ["DEFAULT_MAX_QUEUE", "DONE_LIMIT", "MAX_ERROR_CHARS", "TOKEN_MEMORY_MS", "Failure"]
 __all__ += ["DeadEntry", "Done", "Full", "KeyRecord", "Lost", "Stored", "dead_letter"]
+__all__ += ["Redriven"]
 
 
 def clock_floor(now_ms: int) -> int:
@@ -62,7 +64,7 @@ class ProtocolModel:
 
     def observe(self, rec: KeyRecord, now: int) -> None:
         """[G1] A lease whose deadline passed is free (its token is kept); [G2] completed ids
-        older than the dedupe window are forgotten."""
+        older than the dedupe window are forgotten, and so is the last redrive's memory (V3)."""
         if rec.owner is not None and rec.expires <= now:
             rec.owner = None
             rec.idle_since = now
@@ -70,6 +72,8 @@ class ProtocolModel:
             horizon = now - self.dedupe_window_ms
             for sid in [s for s, d in rec.done.items() if d.at <= horizon]:
                 del rec.done[sid]
+        if rec.redriven is not None and rec.redriven.at <= now - self.dedupe_window_ms:
+            rec.redriven = None
 
     def grant(
         self,
@@ -376,12 +380,18 @@ class ProtocolModel:
 
     # -- operators (rows V*) ----------------------------------------------------------------------
 
-    def redrive(self, rec: KeyRecord, ids: tuple[str, ...] | None, now: int) -> int:
+    def redrive(
+        self, rec: KeyRecord, ids: tuple[str, ...] | None, now: int, nonce: str | None = None
+    ) -> int:
         """[V1] Dead letters (all, or those named) go back to the head of the queue in the
         order they died, with no attempts counted, and a halted key resumes. A free key is
-        then orphaned work: the next event or the sweeper runs it (D1, Q6). [V2] Nothing
-        matches (a resend of an applied redrive): nothing changes, 0."""
+        then orphaned work: the next event or the sweeper runs it (D1, Q6). The call's
+        ``nonce`` and how many it moved are remembered: [V3] a resend of it (its reply was
+        lost) answers that count again and changes nothing. [V2] Nothing matches: nothing
+        changes, 0. A call without a nonce is remembered by nobody (it cannot be resent)."""
         self.observe(rec, now)
+        if nonce is not None and rec.redriven is not None and rec.redriven.nonce == nonce:
+            return rec.redriven.moved  # [V3]
         moved = [d for d in rec.dead if ids is None or d.id in ids]
         if not moved:
             return 0
@@ -392,6 +402,8 @@ class ProtocolModel:
         rec.halted = False
         if rec.owner is None:
             rec.expires = -1  # a past deadline: orphaned work as after an expiry, not a release
+        if nonce is not None:
+            rec.redriven = Redriven(nonce, len(moved), now)
         return len(moved)
 
     def inspect(self, rec: KeyRecord, key: str, now: int) -> KeyState:

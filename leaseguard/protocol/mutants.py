@@ -208,7 +208,9 @@ class HaltIgnored(_Model):
 class RedriveDrops(_Model):
     """A redrive clears the dead letters without queueing them (row V1 broken)."""
 
-    def redrive(self, rec: KeyRecord, ids: tuple[str, ...] | None, now: int) -> int:
+    def redrive(
+        self, rec: KeyRecord, ids: tuple[str, ...] | None, now: int, nonce: str | None = None
+    ) -> int:
         moved = len(rec.dead)
         rec.dead = []
         rec.halted = False

@@ -216,7 +216,7 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
     def _redrive(self, key: str, ids: tuple[str, ...] | None) -> int:
         with self._lock:
             rec, now = self._open(key)
-            moved = self.model.redrive(rec, ids, now)
+            moved = self.model.redrive(rec, ids, now, new_nonce())
             self._index(key, rec)
             return moved
 
