@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from leaseguard.types import KeyState, LeaseResult, Signal
+from leaseguard.types import LeaseResult, Signal
 
+from .operators import OperatorSteps
 from .state import (
     DEDUPE_WINDOW_MS,
     DEFAULT_MAX_ATTEMPTS,
@@ -29,7 +30,6 @@ from .state import (
     Full,
     KeyRecord,
     Lost,
-    Redriven,
     Stored,
     dead_letter,
 )
@@ -38,7 +38,6 @@ from .state import (
 __all__ = ["DEDUPE_WINDOW_MS", "DEFAULT_MAX_ATTEMPTS", "ProtocolModel", "clock_floor"]
 __all__ += ["DEFAULT_MAX_QUEUE", "DONE_LIMIT", "MAX_ERROR_CHARS", "TOKEN_MEMORY_MS", "Failure"]
 __all__ += ["DeadEntry", "Done", "Full", "KeyRecord", "Lost", "Stored", "dead_letter"]
-__all__ += ["Redriven"]
 
 
 def clock_floor(now_ms: int) -> int:
@@ -46,8 +45,9 @@ def clock_floor(now_ms: int) -> int:
     return now_ms * 1000
 
 
-class ProtocolModel:
-    """The steps. Subclasses (the explorer's mutants) override one step to break one rule."""
+class ProtocolModel(OperatorSteps):
+    """The steps (the operator's, rows V*, in :mod:`.operators`). Subclasses (the explorer's
+    mutants) override one step to break one rule."""
 
     def __init__(
         self,
@@ -377,35 +377,3 @@ class ProtocolModel:
         return self.grant_head(
             rec, ttl_ms, now, claimed=claim, nonce=nonce, prev=None, prev_token=None
         )
-
-    # -- operators (rows V*) ----------------------------------------------------------------------
-
-    def redrive(
-        self, rec: KeyRecord, ids: tuple[str, ...] | None, now: int, nonce: str | None = None
-    ) -> int:
-        """[V1] Dead letters (all, or those named) go back to the head of the queue in the
-        order they died, with no attempts counted, and a halted key resumes. A free key is
-        then orphaned work: the next event or the sweeper runs it (D1, Q6). The call's
-        ``nonce`` and how many it moved are remembered: [V3] a resend of it (its reply was
-        lost) answers that count again and changes nothing. [V2] Nothing matches: nothing
-        changes, 0. A call without a nonce is remembered by nobody (it cannot be resent)."""
-        self.observe(rec, now)
-        if nonce is not None and rec.redriven is not None and rec.redriven.nonce == nonce:
-            return rec.redriven.moved  # [V3]
-        moved = [d for d in rec.dead if ids is None or d.id in ids]
-        if not moved:
-            return 0
-        rec.dead = [d for d in rec.dead if d not in moved]
-        for d in moved:
-            rec.stored[d.id] = Stored(d.record)
-        rec.queue[0:0] = [d.id for d in moved]
-        rec.halted = False
-        if rec.owner is None:
-            rec.expires = -1  # a past deadline: orphaned work as after an expiry, not a release
-        if nonce is not None:
-            rec.redriven = Redriven(nonce, len(moved), now)
-        return len(moved)
-
-    def inspect(self, rec: KeyRecord, key: str, now: int) -> KeyState:
-        self.observe(rec, now)
-        return rec.view(key, now)
