@@ -349,6 +349,23 @@ REPROS: dict[str, list[Op]] = {
         Op("expire", "k0"),
         Op("transfer_to_next", "k0", owner="s0", claim=True, token=T(0)),
     ],
+    "a resent redrive answers what it moved (V3, issue 23 finding 6)": [
+        Op("acquire_or_enqueue", "k0", id="s1", v=1),
+        Op("acquire_or_enqueue", "k0", id="s2", v=2),
+        Op("take_signals", "k0", owner="s1", limit=1, token=T(0)),
+        Op(
+            "transfer_to_next",
+            "k0",
+            owner="s1",
+            claim=True,
+            token=T(0),
+            failure={**_BOOM, "max_attempts": 1, "on_poison": "halt"},
+        ),
+        Op("redrive", "k0", ids=("s2",), resend=True),
+        Op("redrive", "k0", resend=True),
+        Op("adopt_orphans", "k0", claim=True),
+        Op("redrive", "k0", resend=True),
+    ],
     "transfer_lease to oneself (refused before any I/O)": [
         Op("acquire_or_enqueue", "k0", id="s1", v=1),
         Op("transfer_lease", "k0", owner="s1", to="s1"),

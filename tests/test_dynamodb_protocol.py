@@ -1043,26 +1043,60 @@ def test_a_dead_owners_in_flight_signals_count_an_attempt(make: Make, clock: Clo
     assert [(s[1], s[3]) for s in replies[12][3]] == [("s1", 1), ("s2", 0)]
 
 
-def test_a_lost_redrive_reply_resent_moves_nothing_more(make: Make) -> None:
+def dead_letter(p: BaseLeaseProvider, sid: str, *, halt: bool = False) -> None:
+    """``sid`` runs on the free KEY and fails its only attempt: a dead letter."""
+    held = p.acquire_or_enqueue(KEY, sig(sid), TTL)
+    p.transfer_to_next(
+        KEY,
+        sid,
+        TTL,
+        token=held.token,
+        error="x",
+        max_attempts=1,
+        on_poison="halt" if halt else "skip",
+    )
+
+
+def run_one(p: BaseLeaseProvider) -> str | None:
+    """The sweeper adopts KEY's head and it completes: its id."""
+    adopted = [s for key, s in p.adopt_orphans(TTL, 10, claim=True) if key == KEY]
+    if not adopted:
+        return None
+    p.transfer_to_next(KEY, adopted[0].id, TTL, token=adopted[0].token)
+    return adopted[0].id
+
+
+def test_a_lost_redrive_reply_resent_answers_what_it_moved(make: Make) -> None:
+    """[V3] The redrive's write applied and its reply was lost; meanwhile its signal ran and
+    another signal died. botocore's resend of the same request (the same nonce) answers 1, as
+    the first reply would have, and leaves the new dead letters where they are (issue 23, 6)."""
     provider = make()
-    held = provider.acquire_or_enqueue(KEY, sig("o"), TTL)
-    provider.transfer_to_next(KEY, "o", TTL, token=held.token, error="x", max_attempts=1)
-    LostReply(provider, "UpdateItem", when=expression("list_append(:rq", "#gx = :gx"))
-    assert provider.redrive(KEY) == 0  # [V2]: the resend finds nothing, as the model's does
-    assert model_lost_reply(
-        lambda p: p.transfer_to_next(
-            KEY,
-            "o",
-            TTL,
-            token=p.acquire_or_enqueue(KEY, sig("o"), TTL).token,
-            error="x",
-            max_attempts=1,
-        ),
+    dead_letter(provider, "o", halt=True)
+
+    def others_move_on(p: BaseLeaseProvider) -> str | None:
+        ran = run_one(p)
+        dead_letter(p, "n")
+        dead_letter(p, "m")
+        return ran
+
+    between = lambda: others_move_on(provider)  # noqa: E731
+    lost = LostReply(
+        provider, "UpdateItem", between, when=expression("list_append(:rq", "#gx = :gx")
+    )
+    assert provider.redrive(KEY) == 1  # [V3], not "nothing to redrive"
+    assert lost.fired == 1
+    model = model_lost_reply(
+        lambda p: dead_letter(p, "o", halt=True),
         lambda p, _: p.redrive(KEY),
-        lambda p, _: None,
-    ) == (None, 0)
-    state = assert_nothing_lost(provider, "o")
-    assert state.dead_letters == () and state.queued[0].attempts == 0
+        lambda p, _: others_move_on(p),
+    )
+    assert model == ("o", 1)  # between: o ran; the resend: 1
+    state = provider.inspect_key(KEY)
+    assert [d.id for d in state.dead_letters] == ["n", "m"]  # the resend moved nothing more
+    assert (state.queued, state.halted) == ((), False)
+    # A redrive called again (a new call, a new nonce) moves what is dead by then.
+    assert provider.redrive(KEY) == 2
+    assert provider.redrive(KEY) == 0  # [V2]
 
 
 def test_dead_letter_keys_come_from_the_index(make: Make) -> None:

@@ -211,6 +211,44 @@ def test_redrive_of_chosen_ids_and_bad_arguments(provider: BaseLeaseProvider) ->
     assert [(s.id, s.attempts) for s in state.queued] == [("b", 0)]
 
 
+def test_a_resent_redrive_answers_what_it_moved_on_memory() -> None:
+    """[V3] on the model (and so memory): the same call again (a resend: the same nonce) after
+    another signal died answers what the call moved and moves nothing more; the memory of it is
+    one entry, forgotten with the dedupe window (G2), after which the record can be forgotten."""
+    from leaseguard.protocol.model import DEDUPE_WINDOW_MS, TOKEN_MEMORY_MS
+    from leaseguard.providers import memory as memory_module
+    from tests.differential import Clock, _nonces
+
+    clock = Clock(1_000_000)
+    provider = InMemoryLeaseProvider(clock=clock)
+
+    def die(sid: str) -> None:
+        held = provider.acquire_or_enqueue("v", Signal(sid, {}), TTL)
+        provider.transfer_to_next("v", sid, TTL, token=held.token, error="x", max_attempts=1)
+
+    die("a")
+    drawn: list[str] = []
+    with _nonces(memory_module, [], drawn):
+        assert provider.redrive("v") == 1
+    (adopted,) = provider.adopt_orphans(TTL, 10, claim=True)  # a runs, then b dies
+    provider.transfer_to_next("v", "a", TTL, token=adopted[1].token)
+    die("b")
+    with _nonces(memory_module, drawn):
+        assert provider.redrive("v") == 1  # the resend: what it moved, not 0
+    assert [d.id for d in provider.inspect_key("v").dead_letters] == ["b"]
+    remembered = provider.record("v").redriven
+    assert remembered is not None and (remembered.nonce, remembered.moved) == (drawn[0], 1)
+    # The memory is bounded: one entry, replaced by the next redrive that moves something.
+    assert provider.redrive("v", ["b"]) == 1
+    assert provider.record("v").redriven.nonce != drawn[0]  # type: ignore[union-attr]
+    (adopted,) = provider.adopt_orphans(TTL, 10, claim=True)
+    provider.transfer_to_next("v", "b", TTL, token=adopted[1].token)
+    # ... and forgotten with the dedupe window; then the idle record goes.
+    clock.now += DEDUPE_WINDOW_MS + TOKEN_MEMORY_MS + 1
+    rec = provider.record("v")
+    assert rec.redriven is None and rec.forgettable(clock.now)
+
+
 # -- G5: a signal whose runs keep dying ----------------------------------------------------------
 
 

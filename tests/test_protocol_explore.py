@@ -58,7 +58,8 @@ def test_the_queue_family_mutants_are_caught_with_the_invariant_they_break() -> 
     expected = {
         "bound-ignored": "(j)",
         "halt-ignored": "(i)",
-        "redrive-drops": "(g)",
+        "redrive-drops": "(h)",
+        "redrive-resend-unrecognised": "(h)",
         "guard-full-forward-dropped": "(c)",
     }
     queue_mutants = {m.name: m for m in MUTANTS if m.family == "queue"}

@@ -848,12 +848,36 @@ def test_redrive_all_puts_the_dead_letters_first_and_resumes_the_key(
     ]
     assert (state.owner, state.dead_letters, state.halted) == (None, (), False)
     assert k not in provider.dead_letter_keys(1000)
-    assert provider.redrive(k) == 0  # [V2] a resend: nothing moves
+    assert provider.redrive(k) == 0  # [V2] called again (a new call): nothing moves
     assert provider.inspect_key(k) == state
     # A free key with work is orphaned: the sweeper runs the head.
     assert orphan_indexed(provider, k)
     adopted = [s for key, s in provider.adopt_orphans(TTL, 1000) if key == k]
     assert [(s.id, s.attempts) for s in adopted] == [("s1", 0)]
+
+
+def test_a_lost_redrive_reply_resent_answers_what_it_moved(rig: Rig) -> None:
+    """[V3] The redrive ran, its reply was lost with the connection; before redis-py's resend
+    of the same EVALSHA (the same nonce) the redriven head ran and another signal died. The
+    resend answers 2, what the first run moved (issue 23, 6: it said "nothing to redrive"),
+    and leaves the new dead letter alone."""
+    k = two_dead_letters(rig.direct)
+
+    def others_move_on() -> None:
+        adopted = [s for key, s in rig.direct.adopt_orphans(TTL, 1000, claim=True) if key == k]
+        assert [s.id for s in adopted] == ["s1"]
+        nxt = rig.direct.transfer_to_next(
+            k, "s1", TTL, token=adopted[0].token, error="again", max_attempts=1
+        )
+        assert nxt is not None and nxt.id == "s2"
+
+    drop = rig.lose_reply(lg_redis.REDRIVE_LUA, before_retry=others_move_on)
+    assert rig.provider.redrive(k) == 2
+    assert drop.dropped == [2]  # the first run moved both
+    state = rig.direct.inspect_key(k)
+    assert [d.id for d in state.dead_letters] == ["s1"]  # the resend moved nothing more
+    assert (state.owner, [s.id for s in state.queued]) == ("s2", ["s3"])
+    assert rig.direct.redrive(k) == 1  # a new call moves what died since
 
 
 def test_redrive_of_some_ids_keeps_the_others_in_order(provider: RedisLeaseProvider) -> None:

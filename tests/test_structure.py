@@ -31,7 +31,7 @@ MAX_LINES = 400
 LAYERS: list[tuple[str, ...]] = [
     ("leaseguard.types", "leaseguard.errors", "leaseguard.lazy", "leaseguard.aws"),
     ("leaseguard.validation", "leaseguard.signals", "leaseguard.events"),
-    ("leaseguard.protocol.state", "leaseguard.protocol.model"),
+    ("leaseguard.protocol.state", "leaseguard.protocol.operators", "leaseguard.protocol.model"),
     ("leaseguard.providers", "leaseguard.config", "leaseguard.contract"),
     (
         "leaseguard.renewal",
@@ -47,7 +47,11 @@ LAYERS: list[tuple[str, ...]] = [
 
 # Where a Lambda function never runs: developer tools, which may assert their own invariants.
 TOOLS = ("leaseguard.protocol", "leaseguard.testing", "leaseguard.simulate")
-RUNTIME_PROTOCOL = ("leaseguard.protocol.state", "leaseguard.protocol.model")
+RUNTIME_PROTOCOL = (
+    "leaseguard.protocol.state",
+    "leaseguard.protocol.operators",
+    "leaseguard.protocol.model",
+)
 
 
 @dataclass

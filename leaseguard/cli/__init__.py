@@ -34,11 +34,15 @@ def debugging() -> bool:
 
 
 def one_line(text: str) -> str:
-    """``text`` on one line (whitespace runs become one space), cut to a readable length."""
+    """``text`` on one line (whitespace runs become one space), cut to a readable length, with
+    every other non-printable character escaped (:mod:`leaseguard.cli.text`): a key or an
+    exception's text in a message cannot start a line or reach the terminal as a control."""
+    from leaseguard.cli.text import escape
+
     line = " ".join(str(text).split())
     if len(line) > MAX_MESSAGE_CHARS:
         line = line[: MAX_MESSAGE_CHARS - 3] + "..."
-    return line
+    return escape(line)
 
 
 class Parser(argparse.ArgumentParser):

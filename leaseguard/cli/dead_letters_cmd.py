@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from leaseguard.cli.backends import add_backend_arguments, build_provider, open_backend
+from leaseguard.cli.text import word
 
 
 def register(commands: Any) -> None:
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     with open_backend(args, embedded=False) as (config, _):
         provider = build_provider(config)
         keys = sorted(provider.dead_letter_keys(args.limit))
-        rows = []
+        rows: list[dict[str, Any]] = []
         for key in keys:
             state = provider.inspect_key(key)
             rows.append(
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 0
     print(f"{'dead':>5}  {'halted':<6}  key")
     for row in rows:
-        print(f"{row['dead_letters']:>5}  {'yes' if row['halted'] else '':<6}  {row['key']}")
+        print(f"{row['dead_letters']:>5}  {'yes' if row['halted'] else '':<6}  {word(row['key'])}")
     if len(rows) >= args.limit:
         print(f"(the first {args.limit} keys; --limit N shows more)")
     return 0

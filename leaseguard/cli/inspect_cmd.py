@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from leaseguard.cli.backends import add_backend_arguments, build_provider, open_backend
+from leaseguard.cli.text import escape, json_line, quote, shell_word, word
 from leaseguard.types import KeyState, now_ms
 
 PREVIEW_CHARS = 80
@@ -29,8 +30,11 @@ def register(commands: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+def _size(value: Any) -> int:
+    """Bytes of ``value`` as compact UTF-8 JSON (a lone surrogate, which JSON can carry,
+    counted as its three bytes rather than crashing the count)."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def describe(state: KeyState) -> dict[str, Any]:
@@ -44,7 +48,7 @@ def describe(state: KeyState) -> dict[str, Any]:
             {
                 "id": s.id,
                 "age_ms": max(now - s.enqueued_at_ms, 0),
-                "bytes": len(_compact(s.payload).encode()),
+                "bytes": _size(s.payload),
             }
             for s in state.queued
         ],
@@ -89,41 +93,36 @@ def _ago(ms: int) -> str:
 
 def render(info: dict[str, Any]) -> str:
     now = now_ms()
-    lines = [f"key        {info['key']!r}"]
+    lines = [f"key        {quote(info['key'])}"]
     if info["owner"] is None:
         lines.append("holder     (free)")
     else:
-        lines.append(f"holder     {info['owner']}")
+        lines.append(f"holder     {word(info['owner'])}")
         lines.append(f"token      {info['token']}")
         lines.append(f"ttl left   {info['remaining_ms']} ms")
     if info["halted"]:
         lines.append(
             "halted     yes: nothing queued runs until "
-            f"leaseguard redrive {_shell_word(info['key'])}"
+            f"leaseguard redrive {shell_word(info['key'])}"
         )
     lines.append(f"queued     {len(info['queued'])}")
     for signal in info["queued"]:
-        lines.append(f"  - {signal['id']}  age {signal['age_ms']} ms  {signal['bytes']} bytes")
+        lines.append(
+            f"  - {word(signal['id'])}  age {signal['age_ms']} ms  {signal['bytes']} bytes"
+        )
     if info["in_flight"]:
-        lines.append(f"in flight  {', '.join(info['in_flight'])}")
+        lines.append(f"in flight  {', '.join(word(sid) for sid in info['in_flight'])}")
     dead = info["dead_letters"]
     lines.append(f"dead       {len(dead)}")
     for letter in dead:
-        payload = _compact(letter["payload"])
-        lines.append(f"  - {letter['id']}  attempts {letter['attempts']}")
+        payload = json_line(letter["payload"])
+        size = _size(letter["payload"])
+        lines.append(f"  - {word(letter['id'])}  attempts {letter['attempts']}")
         lines.append(f"      failed   {_when(letter['failed_at_ms'], now)}")
         lines.append(f"      queued   {_when(letter['enqueued_at_ms'], now)}")
-        lines.append(f"      error    {_clip(letter['error'], ERROR_CHARS)}")
-        lines.append(
-            f"      payload  {_clip(payload, PREVIEW_CHARS)}  ({len(payload.encode())} bytes)"
-        )
+        lines.append(f"      error    {escape(_clip(letter['error'], ERROR_CHARS))}")
+        lines.append(f"      payload  {_clip(payload, PREVIEW_CHARS)}  ({size} bytes)")
     return "\n".join(lines)
-
-
-def _shell_word(key: str) -> str:
-    import shlex
-
-    return shlex.quote(key)
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from leaseguard.cli.text import escape
 from leaseguard.testing.context import LambdaContext
 
 
@@ -66,6 +67,19 @@ def load_handler(spec: str) -> Any:
     return handler
 
 
+def print_traceback(exc: BaseException) -> None:
+    """The traceback on stderr, as Python prints it, except that an exception's message (a
+    handler's, which may hold a key, a newline or an ANSI escape) is one escaped line."""
+    for chunk in traceback.TracebackException.from_exception(exc).format():
+        if chunk.startswith(("Traceback", "  File ")):  # the interpreter's own frame lines
+            for line in chunk.rstrip("\n").split("\n"):
+                print(escape(line), file=sys.stderr)
+        elif chunk.startswith("\n"):  # "During handling of the above exception ..."
+            print(f"\n{escape(chunk.strip())}\n", file=sys.stderr)
+        else:  # "RuntimeError: message", or a note
+            print(escape(chunk.removesuffix("\n")), file=sys.stderr)
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.timeout_ms <= 0:
         parser.error("--timeout-ms must be positive")
@@ -91,8 +105,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     try:
         result = handler(event, context)
-    except Exception:
-        traceback.print_exc()
+    except Exception as exc:
+        print_traceback(exc)
         return 1
     print(json.dumps(result, indent=2, default=str))
     return 0

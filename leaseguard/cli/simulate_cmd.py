@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from leaseguard.cli.backends import add_backend_arguments, build_provider, open_backend
+from leaseguard.cli.text import escape, quote
 
 
 def register(commands: Any) -> None:
@@ -124,7 +125,7 @@ def _simulate(config: Any, description: str, args: argparse.Namespace) -> int:
     unit = "threads" if config.threads else "processes"
     console.print(
         f"[bold]leaseguard simulate[/]: {config.invocations} invocations over {config.keys} "
-        f"keys from {config.workers} worker {unit} on {description}"
+        f"keys from {config.workers} worker {unit} on {_shown(description)}"
         + (f", kill rate {config.kill_rate:g}" if config.kill_rate else "")
     )
     with Progress(
@@ -151,7 +152,7 @@ def _simulate(config: Any, description: str, args: argparse.Namespace) -> int:
         from leaseguard.simulate.plot import plot_timeline
 
         path = plot_timeline(result, report, args.plot)
-        console.print(f"timeline written to [bold]{path}[/]")
+        console.print(f"timeline written to [bold]{_shown(str(path))}[/]")
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -165,7 +166,7 @@ def _simulate(config: Any, description: str, args: argparse.Namespace) -> int:
                 }
             )
         )
-        console.print(f"raw results written to [bold]{args.json}[/]")
+        console.print(f"raw results written to [bold]{_shown(args.json)}[/]")
     return 0 if ok else 1
 
 
@@ -226,12 +227,23 @@ def _print_verdict(console: Any, report: Any, result: Any) -> None:
         return
     if not result.quiesced:
         console.print(
-            f"[bold red]did not settle[/]: keys still busy: {result.stuck}; "
+            f"[bold red]did not settle[/]: keys still busy: {_shown(str(result.stuck))}; "
             f"invocations unfinished: {result.unfinished}"
         )
     counts = report.by_kind()
     console.print(f"[bold red]{len(report.violations)} violation(s)[/]: {dict(counts)}")
     for violation in report.violations[:20]:
-        console.print(f"  [red]{violation.kind}[/] on {violation.key!r}: {violation.detail}")
+        console.print(
+            f"  [red]{_shown(violation.kind)}[/] on {_shown(quote(violation.key))}: "
+            f"{_shown(violation.detail)}"
+        )
     if len(report.violations) > 20:
         console.print(f"  ... and {len(report.violations) - 20} more (--json has them all)")
+
+
+def _shown(text: str) -> str:
+    """Text from outside (a key, a violation's detail, a path) in a rich markup string:
+    escaped (leaseguard.cli.text), and its brackets kept from being read as markup."""
+    from rich.markup import escape as markup_escape
+
+    return markup_escape(escape(text))

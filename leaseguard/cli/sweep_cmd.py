@@ -16,6 +16,7 @@ from typing import Any
 
 from leaseguard import aws
 from leaseguard.cli.backends import add_backend_arguments, build_provider, open_backend
+from leaseguard.cli.text import escape, quote
 from leaseguard.config import DEFAULT_TTL_MS
 from leaseguard.errors import ConfigurationError, LeaseBackendError
 from leaseguard.handoff import Envelope, InvokeDispatcher, SqsDispatcher
@@ -85,10 +86,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 dispatcher.dispatch(envelope)
             except LeaseBackendError as exc:
                 failed += 1
-                detail = " ".join(str(exc).split())
+                detail = escape(" ".join(str(exc).split()))
                 print(
-                    f"leaseguard sweep: error: could not dispatch signal {signal.id!r} of key "
-                    f"{key!r}: {detail}; the next pass adopts it again once its grant expires",
+                    f"leaseguard sweep: error: could not dispatch signal {quote(signal.id)} of "
+                    f"key {quote(key)}: {detail}; the next pass adopts it again once its grant "
+                    "expires",
                     file=sys.stderr,
                 )
                 continue

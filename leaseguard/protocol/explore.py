@@ -115,10 +115,16 @@ class Explorer(Client):
         if book.redrives < b.redrives:
             for key in self.keys:
                 if self.rec(w, key).dead:
-                    nw = w.copy()
-                    nw.book = book._replace(redrives=book.redrives + 1)
-                    moved = self.model.redrive(self.rec(nw, key), None, nw.now)
-                    yield f"operator redrives {key}: {moved} back at the head", nw
+                    yield from self.redrive(w, key)
+        for n, (key, nonce, moved) in enumerate(book.resends):
+            nw = w.copy()
+            nw.book = book._replace(resends=book.resends[:n] + book.resends[n + 1 :])
+            again = self.model.redrive(self.rec(nw, key), None, nw.now, nonce)
+            if again != moved and nw.violation is None:
+                nw.violation = (
+                    f"(h) the operator's resent redrive of {key} said {again}, not {moved}"
+                )
+            yield f"the operator's redrive of {key} is resent: {again} moved", nw
         for key in self.keys:
             rec = self.rec(w, key)
             orphaned = (rec.owner is None or rec.expires <= w.now) and rec.has_work
@@ -140,6 +146,19 @@ class Explorer(Client):
             yield f"time {nw.now // TICK_MS}" + (" (a lease runs out)" if expiring else ""), nw
         for n, a in enumerate(w.actors):
             yield from self.actor_steps(w, n, a, faults_left)
+
+    def redrive(self, w: World, key: str) -> Iterator[tuple[str, World]]:
+        """The operator's ``leaseguard redrive`` (row V1); its reply may be lost, and then the
+        same call is resent later, after anything else (V3). The loss is not charged to the
+        fault budget: a dead letter to redrive already took a fault (a failed run)."""
+        nonce = f"op{w.book.redrives}"
+        nw = w.copy()
+        nw.book = w.book._replace(redrives=w.book.redrives + 1)
+        moved = self.model.redrive(self.rec(nw, key), None, nw.now, nonce)
+        yield f"operator redrives {key}: {moved} back at the head", nw
+        lost = nw.copy()
+        lost.book = lost.book._replace(resends=(*lost.book.resends, (key, nonce, moved)))
+        yield f"FAULT the reply of the operator's redrive of {key} ({moved}) is lost", lost
 
     def invocation(self, w: World, sid: str) -> ActorSpec:
         return ActorSpec("inv", self.key_of(sid), sid, None, None, w.now)
@@ -175,6 +194,14 @@ class Explorer(Client):
                 break
             for label, nw in self.successors(w):
                 result.transitions += 1
+                if nw.violation is not None:
+                    # A violation found by a transition: its state may equal one seen already
+                    # (the key does not hold the violation), so it is reported here.
+                    result.violations += 1
+                    result.message = nw.violation
+                    result.trace = [*self._trace(seen, wkey), label]
+                    frontier.clear()
+                    break
                 k = nw.key(ttl, self.keys, self.validity)
                 if k not in seen:
                     seen[k] = (wkey, label)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from leaseguard.types import KeyState, LeaseResult, Signal
+from leaseguard.types import LeaseResult, Signal
 
+from .operators import OperatorSteps
 from .state import (
     DEDUPE_WINDOW_MS,
     DEFAULT_MAX_ATTEMPTS,
@@ -44,8 +45,9 @@ def clock_floor(now_ms: int) -> int:
     return now_ms * 1000
 
 
-class ProtocolModel:
-    """The steps. Subclasses (the explorer's mutants) override one step to break one rule."""
+class ProtocolModel(OperatorSteps):
+    """The steps (the operator's, rows V*, in :mod:`.operators`). Subclasses (the explorer's
+    mutants) override one step to break one rule."""
 
     def __init__(
         self,
@@ -62,7 +64,7 @@ class ProtocolModel:
 
     def observe(self, rec: KeyRecord, now: int) -> None:
         """[G1] A lease whose deadline passed is free (its token is kept); [G2] completed ids
-        older than the dedupe window are forgotten."""
+        older than the dedupe window are forgotten, and so is the last redrive's memory (V3)."""
         if rec.owner is not None and rec.expires <= now:
             rec.owner = None
             rec.idle_since = now
@@ -70,6 +72,8 @@ class ProtocolModel:
             horizon = now - self.dedupe_window_ms
             for sid in [s for s, d in rec.done.items() if d.at <= horizon]:
                 del rec.done[sid]
+        if rec.redriven is not None and rec.redriven.at <= now - self.dedupe_window_ms:
+            rec.redriven = None
 
     def grant(
         self,
@@ -373,27 +377,3 @@ class ProtocolModel:
         return self.grant_head(
             rec, ttl_ms, now, claimed=claim, nonce=nonce, prev=None, prev_token=None
         )
-
-    # -- operators (rows V*) ----------------------------------------------------------------------
-
-    def redrive(self, rec: KeyRecord, ids: tuple[str, ...] | None, now: int) -> int:
-        """[V1] Dead letters (all, or those named) go back to the head of the queue in the
-        order they died, with no attempts counted, and a halted key resumes. A free key is
-        then orphaned work: the next event or the sweeper runs it (D1, Q6). [V2] Nothing
-        matches (a resend of an applied redrive): nothing changes, 0."""
-        self.observe(rec, now)
-        moved = [d for d in rec.dead if ids is None or d.id in ids]
-        if not moved:
-            return 0
-        rec.dead = [d for d in rec.dead if d not in moved]
-        for d in moved:
-            rec.stored[d.id] = Stored(d.record)
-        rec.queue[0:0] = [d.id for d in moved]
-        rec.halted = False
-        if rec.owner is None:
-            rec.expires = -1  # a past deadline: orphaned work as after an expiry, not a release
-        return len(moved)
-
-    def inspect(self, rec: KeyRecord, key: str, now: int) -> KeyState:
-        self.observe(rec, now)
-        return rec.view(key, now)

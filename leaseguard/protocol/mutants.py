@@ -223,11 +223,23 @@ class HaltIgnored(_Model):
 class RedriveDrops(_Model):
     """A redrive clears the dead letters without queueing them (row V1 broken)."""
 
-    def redrive(self, rec: KeyRecord, ids: tuple[str, ...] | None, now: int) -> int:
+    def redrive(
+        self, rec: KeyRecord, ids: tuple[str, ...] | None, now: int, nonce: str | None = None
+    ) -> int:
         moved = len(rec.dead)
         rec.dead = []
         rec.halted = False
         return moved
+
+
+class RedriveForgetsItsCall(_Model):
+    """A redrive does not recognise its own resend (row V3 missing): a lost reply's resend
+    answers as a new call."""
+
+    def redrive(
+        self, rec: KeyRecord, ids: tuple[str, ...] | None, now: int, nonce: str | None = None
+    ) -> int:
+        return super().redrive(rec, ids, now, None)
 
 
 class PartialUnrunCompleted(_RewritesFailures):
@@ -363,6 +375,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("bound-ignored", BoundIgnored, family="queue"),
     Mutant("halt-ignored", HaltIgnored, family="queue"),
     Mutant("redrive-drops", RedriveDrops, family="queue"),
+    Mutant("redrive-resend-unrecognised", RedriveForgetsItsCall, family="queue"),
     Mutant(
         "guard-full-forward-dropped",
         family="queue",

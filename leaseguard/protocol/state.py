@@ -94,6 +94,16 @@ class Done:
 
 
 @dataclass(frozen=True)
+class Redriven:
+    """The last redrive that moved something (row V1): a resend of it (the same nonce) answers
+    ``moved`` again and changes nothing (V3). Forgotten like a done entry (G2)."""
+
+    nonce: str
+    moved: int
+    at: int
+
+
+@dataclass(frozen=True)
 class DeadEntry:
     id: str
     record: str
@@ -122,6 +132,7 @@ class KeyRecord:
     done: dict[str, Done] = field(default_factory=dict)  # oldest first
     idle_since: int = 0
     halted: bool = False  # h: a dead letter under on_poison="halt" stops the queue
+    redriven: Redriven | None = None  # r: the last redrive that moved something (V1, V3)
 
     def clone(self) -> KeyRecord:
         return KeyRecord(
@@ -141,6 +152,7 @@ class KeyRecord:
             dict(self.done),
             self.idle_since,
             self.halted,
+            self.redriven,
         )
 
     def freeze(self, now: int) -> tuple[object, ...]:
@@ -165,6 +177,8 @@ class KeyRecord:
             tuple(sorted((k, v.attempts) for k, v in self.stored.items())),
             tuple((d.id, d.attempts) for d in self.dead),
             self.halted,
+            None if self.redriven is None else (self.redriven.nonce, self.redriven.moved),
+            # the done memory last: the explorer's canonical form (world.py) reads it there
             tuple((k, v.token, v.ok, v.attempts) for k, v in self.done.items()),
         )
 
@@ -178,6 +192,7 @@ class KeyRecord:
             and not self.has_work
             and not self.dead
             and not self.done
+            and self.redriven is None
             and self.idle_since <= now - TOKEN_MEMORY_MS
         )
 

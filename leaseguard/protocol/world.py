@@ -74,6 +74,9 @@ class Book(NamedTuple):
     pending: tuple[tuple[str, ...], ...]  # platform deliveries due: ('e', id) | ('env', ...)
     redrives: int = 0
     evicted: tuple[str, ...] = ()  # ids the done memory forgot at its bound (oldest first)
+    resends: tuple[
+        tuple[str, str, int], ...
+    ] = ()  # redrives whose reply was lost: key, nonce, moved
 
 
 @dataclass
@@ -112,6 +115,7 @@ class World:
             b.expiries,
             b.redrives,
             b.evicted,
+            b.resends,
         )
         return (recs, actors, book, b.retries, b.gave_up, pending)
 

@@ -204,7 +204,9 @@ class BaseLeaseProvider(ABC):
         """Put the key's dead letters (all, or those with these ``ids``) back at the head of
         its queue, in the order they failed, with their attempts reset, and resume a halted
         key; returns how many moved. A free key's redriven work is run by its next event or
-        by ``adopt_orphans`` (the sweeper). Resent after it applied, it moves nothing."""
+        by ``adopt_orphans`` (the sweeper). A resend of the call whose reply was lost (the
+        client's own retry, with the same nonce) answers how many it moved and moves nothing
+        more; calling it again moves what matches then (usually nothing)."""
         chosen: tuple[str, ...] | None = None
         if ids is not None:
             if isinstance(ids, str):

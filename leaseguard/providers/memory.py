@@ -263,7 +263,7 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
     def _redrive(self, key: str, ids: tuple[str, ...] | None) -> int:
         model = self.model
         return self._step(
-            key, "redrive", (ids,), lambda rec, now, nonce: model.redrive(rec, ids, now)
+            key, "redrive", (ids,), lambda rec, now, nonce: model.redrive(rec, ids, now, nonce)
         )
 
     def _dead_letter_keys(self, limit: int) -> list[str]:

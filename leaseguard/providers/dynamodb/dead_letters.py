@@ -1,8 +1,9 @@
-"""Dead letters and what an operator sees: [V1] [V2] redrive, the ``dead_letters`` index, and
+"""Dead letters and what an operator sees: [V1] [V2] [V3] redrive, the ``dead_letters`` index, and
 inspect_key."""
 
 from __future__ import annotations
 
+from leaseguard.protocol.model import DEDUPE_WINDOW_MS
 from leaseguard.providers.base import new_nonce
 from leaseguard.signals import decode_signal
 from leaseguard.types import DeadLetter, KeyState
@@ -16,13 +17,18 @@ from .schema import DEAD_LETTER_INDEX, Lease, number_of, string_of
 def redrive(table: Table, key: str, ids: tuple[str, ...] | None) -> int:
     lease: Lease | None = None
     renewed: set[str] = set()
+    # The call's nonce, drawn once: every try and botocore's resends of a write carry it, so a
+    # write that applied is known when its reply was lost ([V3]).
+    call = new_nonce()
     for _ in optimistic_tries():
         now, _ = table.times()
         if lease is None:
             lease = table.read(key)
+        if lease.redrive_nonce == call and lease.redrive_at > now - DEDUPE_WINDOW_MS:
+            return lease.redrive_moved  # [V3] this call applied: what it moved
         moved = [i for i, sid in enumerate(lease.dead) if ids is None or sid in ids]
         if not moved:
-            return 0  # [V2] nothing matches (also a resend of an applied redrive)
+            return 0  # [V2] nothing matches
         kept = [i for i in range(len(lease.dead)) if i not in moved]
         moved_ids = [lease.dead[i] for i in moved]
         moved_refs = [lease.dead_refs[i] for i in moved if i < len(lease.dead_refs)]
@@ -46,6 +52,9 @@ def redrive(table: Table, key: str, ids: tuple[str, ...] | None) -> int:
                 # deadline (renewals since then are met by the sweep, as for [Q2])
                 ":gx": lease.expiry if lease.owner is not None else 0,
                 ":ttl": table.ttl(max(now, lease.expiry)),
+                ":rv": call,
+                ":rn": len(moved),
+                ":now": now,
             }
         )
         # [V1] the dead letters go to the head of the queue in the order they died (with
@@ -62,7 +71,7 @@ def redrive(table: Table, key: str, ids: tuple[str, ...] | None) -> int:
             table.update(key, update, condition, values)
         except ConditionFailed as failed:
             # Another writer, or a resend of this write that was applied: look again (a
-            # resend then finds nothing to move, [V2], as the model answers it).
+            # resend then finds this call remembered, [V3], as the model answers it).
             lease = failed.lease
             continue
         return len(moved)

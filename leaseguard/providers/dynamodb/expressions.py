@@ -288,9 +288,11 @@ ORPHAN_KEYS = "#gp = :g AND #gx < :cutoff"
 DEAD_LETTER_KEYS = "#gd = :g"
 
 # [V1] dead letters back at the head of the queue, in the order they died; no longer halted,
-# in the orphan index; pinned to the snapshot ({version}) ...
+# in the orphan index; the call remembered (rv, rn, ra: its nonce, how many it moved, when) for
+# [V3], its resend; pinned to the snapshot ({version}) ...
 _REDRIVE = (
-    f"SET {QUEUE_AT_HEAD[0]}, {QUEUE_AT_HEAD[1]}, #v = :v, #gp = :shard, #gx = :gx, #ttl = :ttl"
+    f"SET {QUEUE_AT_HEAD[0]}, {QUEUE_AT_HEAD[1]}, #v = :v, #gp = :shard, #gx = :gx, #ttl = :ttl,"
+    " #rv = :rv, #rn = :rn, #ra = :now"
 )
 # ... others stay dead letters
 REDRIVE_UPDATE = f"{_REDRIVE}, #x = :x, #xn = :xn REMOVE #h"

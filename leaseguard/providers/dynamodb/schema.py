@@ -108,6 +108,9 @@ NAMES = {
         "de",
         "da",
         "df",
+        "rv",
+        "rn",
+        "ra",
     )
 }
 
@@ -176,6 +179,9 @@ class Lease:
     indexed: bool = False
     index_at: int | None = None
     halted: bool = False
+    redrive_nonce: str | None = None  # rv, rn, ra: the last redrive that moved something [V3]
+    redrive_moved: int = 0
+    redrive_at: int = 0
     size: int = 0
     done_size: int = 0
 
@@ -208,6 +214,9 @@ class Lease:
             indexed="gp" in item,
             index_at=number_of(item, "gx"),
             halted="h" in item,
+            redrive_nonce=string_of(item, "rv"),
+            redrive_moved=number_of(item, "rn") or 0,
+            redrive_at=number_of(item, "ra") or 0,
             size=item_bytes(item),
             done_size=value_bytes(done) if done else 0,
         )

@@ -16,7 +16,8 @@
 --                           '' (never an id) -> "<pt>:<p>": p/pt again, for [N4] after the lease
 --                           hash expired with its owner (the model keeps p/pt then); written
 --                           by a grant that names a previous owner, and kept at least
---                           RELEASED_MEMORY_MS (a release writes none: its hash keeps p/pt)
+--                           RELEASED_MEMORY_MS (a release writes none: its hash keeps p/pt);
+--                           field '\255r' -> the last redrive that moved something [V3]
 --   KEYS[8] attempts  hash id -> failed runs so far, for stored signals that failed (absent: 0)
 --   KEYS[9] dead      hash id -> JSON {n=order, r=stored signal, a=attempts, e=error, at=ms}:
 --                           the key's dead letters [G6]; n runs 1..HLEN in the order they died

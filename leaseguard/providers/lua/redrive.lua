@@ -1,14 +1,28 @@
--- redrive (operator): rows [V1] [V2].
--- ARGV: member, all (1|0), id1, id2, ... (the ids to move when not all)  ->  how many moved
--- [V1] The matching dead letters go back to the head of the queue in the order they died, with
--- their stored payload and no attempts counted; the key is no longer halted; the rest keep
--- their order (renumbered 1..n). A free key is then orphaned work, indexed for the sweeper
--- (D1) and run by its next event (Q6). [V2] Nothing matches (a resend of an applied redrive):
--- nothing changes, 0.
+-- redrive (operator): rows [V1] [V2] [V3].
+-- ARGV: member, nonce, all (1|0), id1, id2, ... (the ids to move when not all)  ->  how many
+-- moved
+-- [V3] A resend of this call (the same nonce: its reply was lost and the client sent it again)
+-- finds the call remembered and answers what it moved, changing nothing. [V1] The matching dead
+-- letters go back to the head of the queue in the order they died, with their stored payload
+-- and no attempts counted; the key is no longer halted; the rest keep their order (renumbered
+-- 1..n). A free key is then orphaned work, indexed for the sweeper (D1) and run by its next
+-- event (Q6). The call is remembered (the model's `r`): one entry, in the done memory, which
+-- outlives it by the dedupe window [G2]. [V2] Nothing matches: nothing changes, 0.
+-- The donetok field holding "<at ms>:<moved>:<nonce>": the byte \255 never occurs in UTF-8, so
+-- no signal id (a done entry's field) is this name.
+local REDRIVEN = '\255r'
+local nonce = ARGV[2]
+local last = redis.call('HGET', donetok, REDRIVEN)
+if last then
+  local at, count, was = string.match(last, '^(%d+):(%d+):(.*)$')
+  if was == nonce and tonumber(at) > now_ms() - DEDUPE_WINDOW_MS then
+    return tonumber(count) -- [V3]
+  end
+end
 local wanted = nil
-if ARGV[2] ~= '1' then
+if ARGV[3] ~= '1' then
   wanted = {}
-  for i = 3, #ARGV do
+  for i = 4, #ARGV do
     wanted[ARGV[i]] = true
   end
 end
@@ -49,4 +63,7 @@ if #kept == 0 then
 end
 set_halted(false)
 sync_index()
+-- the model's `r` (V3), kept at least as long as any done entry (never shortens donetok's life)
+redis.call('HSET', donetok, REDRIVEN, fmt(now_ms()) .. ':' .. #moved .. ':' .. nonce)
+redis.call('PEXPIRE', donetok, RELEASED_MEMORY_MS)
 return #moved

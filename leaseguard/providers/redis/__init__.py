@@ -26,7 +26,8 @@ per primary (:mod:`.slots`).
 script is safe to run twice: a transfer or hand-off finds itself as the previous owner (``p``,
 ``pt``) or its grant remembered as completed (``done``), a take finds its nonce (``k``), a grant
 or claim finds the nonce of the call that made it (``w``) and returns the first run's result;
-renew and release are idempotent already, and a resent redrive finds nothing left to move.
+renew and release are idempotent already, and a redrive finds its nonce in the done memory
+(``donetok``) and answers what it moved.
 
 **Key layout.** For a user key ``k`` and prefix ``lg:`` the keys are ``lg:{t}:lease``,
 ``lg:{t}:queue``, ``lg:{t}:signals``, ``lg:{t}:inflight``, ``lg:{t}:done``, ``lg:{t}:donetok``,

@@ -285,7 +285,8 @@ class RedisLeaseProvider(BaseLeaseProvider):
 
     def _redrive(self, key: str, ids: tuple[str, ...] | None) -> int:
         selection: tuple[str | int, ...] = (1,) if ids is None else (0, *ids)
-        return int(self._run(REDRIVE_LUA, key, *selection))
+        # the call's nonce: redis-py's resend of the script carries it, and [V3] knows it
+        return int(self._run(REDRIVE_LUA, key, new_nonce(), *selection))
 
     def _dead_letter_keys(self, limit: int) -> list[str]:
         """From the dead-letter index (members scored 0, so each index lists its keys in byte
