@@ -1,14 +1,21 @@
 """Helpers for testing code that uses leaseguard: real servers and a Lambda-like context.
 
-``leaseguard.testing.servers`` starts real Redis servers (standalone or Cluster) on free
-ports; :class:`DynamoDBServer` serves moto's DynamoDB on a free port, one request at a time;
-:class:`LambdaContext` stands in for the context object Lambda passes to a handler.
+``leaseguard.testing.servers`` starts real Redis servers (standalone, a primary with replicas,
+or Cluster) on free ports; :class:`DynamoDBServer` serves moto's DynamoDB on a free port, one
+request at a time; :class:`LambdaContext` stands in for the context object Lambda passes to a
+handler.
 """
 
 from typing import TYPE_CHECKING, Any
 
 from .context import LambdaContext
-from .servers import RedisClusterServers, RedisServer, find_redis_server, free_port
+from .servers import (
+    RedisClusterServers,
+    RedisReplicatedServers,
+    RedisServer,
+    find_redis_server,
+    free_port,
+)
 
 if TYPE_CHECKING:
     from .dynamodb_server import DynamoDBServer
@@ -28,6 +35,7 @@ __all__ = [
     "DynamoDBServer",
     "LambdaContext",
     "RedisClusterServers",
+    "RedisReplicatedServers",
     "RedisServer",
     "find_redis_server",
     "free_port",

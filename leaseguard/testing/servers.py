@@ -99,7 +99,9 @@ class ManagedServer:
 
 class RedisServer(ManagedServer):
     """One ``redis-server`` process on 127.0.0.1. Persistence is off unless ``appendonly``;
-    extra ``redis-server`` options go in ``options`` (``{"maxmemory": "10mb"}``)."""
+    extra ``redis-server`` options go in ``options`` (``{"maxmemory": "10mb"}``). With
+    ``replica_of`` (a port on 127.0.0.1) it starts as that server's replica, and
+    :meth:`start` returns once its link to the primary is up."""
 
     def __init__(
         self,
@@ -111,8 +113,10 @@ class RedisServer(ManagedServer):
         binary: str | None = None,
         data_dir: str | None = None,
         tls: bool = False,
+        replica_of: int | None = None,
     ) -> None:
         self.binary = binary or find_redis_server()
+        self.replica_of = replica_of
         self.port = port or free_port(cluster_bus=cluster)
         self.appendonly = appendonly
         self.cluster = cluster
@@ -162,6 +166,8 @@ class RedisServer(ManagedServer):
                 "--cluster-config-file", os.path.join(self.data_dir, "nodes.conf"),
                 "--cluster-node-timeout", "3000",
             ]  # fmt: skip
+        if self.replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         for name, value in self.options.items():
             args += [f"--{name}", value]
         return args
@@ -171,7 +177,50 @@ class RedisServer(ManagedServer):
             self.command_line(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
         self._wait_until_ready()
+        if self.replica_of is not None and not self.cluster:
+            self.wait_for_link()
         return self
+
+    def _command(self, *args: str | int) -> Any:
+        import redis
+
+        with redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=10) as client:
+            return client.execute_command(*args)
+
+    def replication(self) -> dict[str, str]:
+        """``INFO replication`` as text fields (``role``, ``master_link_status``, ...)."""
+        return _as_text_dict(self._command("INFO", "replication"))
+
+    def wait_for_link(self, timeout_s: float = _START_TIMEOUT_S) -> None:
+        """Return once this replica's link to its primary is up and the initial sync is done."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.replication().get("master_link_status") == "up":
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"replica on port {self.port} did not link to its primary in time")
+
+    def replicate(self, port: int) -> None:
+        """Become (again) the replica of the server on ``port``; returns once linked."""
+        self._command("REPLICAOF", "127.0.0.1", port)
+        self.replica_of = port
+        self.wait_for_link()
+
+    def promote(self) -> None:
+        """``REPLICAOF NO ONE``: stop replicating and accept writes, keeping the data it has (a
+        failover's promotion; also how a test drops a replica's link for good)."""
+        self._command("REPLICAOF", "NO", "ONE")
+        self.replica_of = None
+
+    def pause(self) -> None:
+        """SIGSTOP: the process stops reading; its sockets stay open (a replica that hangs)."""
+        if self.process is not None:
+            os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self.process is not None:
+            os.kill(self.process.pid, signal.SIGCONT)
 
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_S
@@ -203,6 +252,7 @@ class RedisServer(ManagedServer):
         if self.process is None:
             return
         if self.process.poll() is None:
+            self.resume()  # a paused process would not act on SIGTERM
             os.kill(self.process.pid, sig)
             try:
                 self.process.wait(timeout=10)
@@ -224,12 +274,45 @@ class RedisServer(ManagedServer):
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
-class RedisClusterServers(ManagedServer):
-    """A Redis Cluster of ``masters`` nodes (no replicas) on free ports, formed with
-    ``CLUSTER ADDSLOTS`` and ``CLUSTER MEET`` (no ``redis-cli`` needed)."""
+class RedisReplicatedServers(ManagedServer):
+    """A primary and ``replicas`` replicas of it, each on a free port; :meth:`start` returns
+    once every replica's link is up."""
 
-    def __init__(self, masters: int = 3, *, binary: str | None = None) -> None:
+    def __init__(self, replicas: int = 1, *, binary: str | None = None) -> None:
+        self.primary = RedisServer(binary=binary)
+        self.replicas = [
+            RedisServer(binary=binary, replica_of=self.primary.port) for _ in range(replicas)
+        ]
+
+    @property
+    def url(self) -> str:
+        return self.primary.url
+
+    def start(self) -> RedisReplicatedServers:
+        try:
+            self.primary.start()
+            for replica in self.replicas:
+                replica.start()
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def cleanup(self) -> None:
+        for server in (*self.replicas, self.primary):
+            server.cleanup()
+
+
+class RedisClusterServers(ManagedServer):
+    """A Redis Cluster of ``masters`` nodes on free ports, formed with ``CLUSTER ADDSLOTS`` and
+    ``CLUSTER MEET`` (no ``redis-cli`` needed). With ``replicas``, that many more nodes, each
+    the replica of one of the first masters (``CLUSTER REPLICATE``), in :attr:`replicas`."""
+
+    def __init__(self, masters: int = 3, *, binary: str | None = None, replicas: int = 0) -> None:
+        if not 0 <= replicas <= masters:
+            raise ValueError("at most one replica per master")
         self.nodes = [RedisServer(cluster=True, binary=binary) for _ in range(masters)]
+        self.replicas = [RedisServer(cluster=True, binary=binary) for _ in range(replicas)]
 
     @property
     def url(self) -> str:
@@ -237,7 +320,7 @@ class RedisClusterServers(ManagedServer):
 
     @property
     def pids(self) -> list[int]:
-        return [n.pid for n in self.nodes if n.pid is not None]
+        return [n.pid for n in (*self.nodes, *self.replicas) if n.pid is not None]
 
     def start(self) -> RedisClusterServers:
         try:
@@ -262,9 +345,30 @@ class RedisClusterServers(ManagedServer):
             for node in self.nodes[1:]:
                 clients[0].cluster("MEET", "127.0.0.1", node.port)
             self._wait_for_ok(clients)
+            self._add_replicas(clients[0])
         finally:
             for client in clients:
                 client.close()
+
+    def _add_replicas(self, first: Any) -> None:
+        import redis
+
+        for master, replica in zip(self.nodes, self.replicas, strict=False):
+            replica.start()
+            master_id = _text(master._command("CLUSTER", "MYID"))
+            first.cluster("MEET", "127.0.0.1", replica.port)
+            with redis.Redis(port=replica.port, socket_timeout=5) as client:
+                deadline = time.monotonic() + _START_TIMEOUT_S
+                while True:  # the replica must know the master's id before it can follow it
+                    try:
+                        client.execute_command("CLUSTER REPLICATE", master_id)
+                        break
+                    except redis.exceptions.ResponseError:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.1)
+            replica.replica_of = master.port
+            replica.wait_for_link()
 
     def _wait_for_ok(self, clients: list[Any]) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_S
@@ -281,7 +385,7 @@ class RedisClusterServers(ManagedServer):
         raise RuntimeError("Redis Cluster did not reach cluster_state:ok in time")
 
     def cleanup(self) -> None:
-        for node in self.nodes:
+        for node in (*self.replicas, *self.nodes):
             node.cleanup()
 
     stop = cleanup
