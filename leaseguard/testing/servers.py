@@ -157,6 +157,9 @@ class RedisServer(ManagedServer):
             "--daemonize", "no",
             "--logfile", os.path.join(self.data_dir, "redis.log"),
             "--appendonly", "yes" if self.appendonly else "no",
+            # A replica's full sync starts at once, not after the default 5 s of waiting for
+            # other replicas to share it.
+            "--repl-diskless-sync-delay", "0",
         ]  # fmt: skip
         if self.appendonly:
             args += ["--appendfsync", "always"]
@@ -192,13 +195,38 @@ class RedisServer(ManagedServer):
         return _as_text_dict(self._command("INFO", "replication"))
 
     def wait_for_link(self, timeout_s: float = _START_TIMEOUT_S) -> None:
-        """Return once this replica's link to its primary is up and the initial sync is done."""
+        """Return once this replica's link to its primary is up and the primary lists it as
+        online and has acknowledged a write made after that (only then does the primary count
+        it in ``WAIT`` without delay: a replica fresh from its first sync may take its first
+        acknowledgement up to a second late)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.replication().get("master_link_status") == "up":
+            if self.replication().get("master_link_status") == "up" and self._acknowledged():
                 return
             time.sleep(0.05)
         raise RuntimeError(f"replica on port {self.port} did not link to its primary in time")
+
+    def _acknowledged(self) -> bool:
+        """The primary lists this replica online, with an acknowledged offset at least that
+        of a write the primary made just before it was asked."""
+        import redis
+
+        if self.replica_of is None:
+            return False
+        with redis.Redis(port=self.replica_of, socket_timeout=10) as primary:
+            if not self.cluster:  # (on Cluster the key may belong to another primary)
+                primary.set("leaseguard-harness:replica-sync", self.port)
+            target = int(primary.info("replication")["master_repl_offset"])
+            primary.execute_command("WAIT", 1, 50)  # the primary asks its replicas to ack
+            row = self._row_at(primary.info("replication"))
+        return row is not None and row.get("state") == "online" and int(row["offset"]) >= target
+
+    def _row_at(self, replication: dict[str, Any]) -> dict[str, Any] | None:
+        """This replica's ``slaveN`` row in its primary's ``INFO replication``."""
+        for name, row in replication.items():
+            if name.startswith("slave") and isinstance(row, dict) and row.get("port") == self.port:
+                return row
+        return None
 
     def replicate(self, port: int) -> None:
         """Become (again) the replica of the server on ``port``; returns once linked."""
