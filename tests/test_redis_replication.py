@@ -319,23 +319,24 @@ def test_acknowledged_writes_are_on_the_promoted_replica(
 def test_a_step_that_writes_nothing_still_waits_for_what_it_saw(
     pair: RedisReplicatedServers, clients: Any
 ) -> None:
-    """``WAIT`` counts replicas that reached the last write of its own connection. A resent
-    forward that finds itself queued writes nothing; without the fence it would be
-    acknowledged at once although the forward it reports (written by another client, here
-    one without ``replicas``) is on no replica."""
-    waiting = provider_on(clients(pair.primary))
+    """A refused renewal is an answer that rests on another client's write (a transfer, made
+    here by a provider without ``replicas``) that no replica has: it is not acknowledged
+    either. (The fence is what makes this hold for a step that writes nothing: ``WAIT``
+    counts replicas that reached the last write of its own connection.)"""
     plain = RedisLeaseProvider(clients(pair.primary), prefix="rp:")
-    assert waiting.acquire_lease("k", "owner", TTL).acquired  # its connection's writes: acked
+    exercise_every_script(plain, "warm-up")  # the scripts are loaded: one EVALSHA each below
+    assert plain.acquire_lease("k", "owner", TTL).acquired
+    waiting = provider_on(clients(pair.primary))  # its connection has written nothing yet
     pair.replicas[0].pause()
     try:
-        assert plain.acquire_or_enqueue("k", Signal("e1", 1), TTL).position == 1
+        assert plain.transfer_lease("k", "owner", "next", TTL)
         with pytest.raises(NotReplicated) as raised:
-            waiting.acquire_or_enqueue("k", Signal("e1", 1), TTL)  # the resend
+            waiting.renew_lease("k", "owner", TTL)
         assert raised.value.acknowledged == 0
     finally:
         pair.replicas[0].resume()
-    # Resumed, the replica catches up and the same resend is acknowledged, still position 1.
-    assert waiting.acquire_or_enqueue("k", Signal("e1", 1), TTL).position == 1
+    # Resumed, the replica catches up and the same refusal is acknowledged.
+    assert waiting.renew_lease("k", "owner", TTL) is False
 
 
 # -- what it cannot prevent -----------------------------------------------------------------------
