@@ -142,7 +142,7 @@ class ProviderConfig:
         """A new provider (and client) for this configuration."""
         if self.backend == "redis":
             from leaseguard.providers.redis import RedisLeaseProvider
-            from leaseguard.providers.redis.provider import (
+            from leaseguard.providers.redis.replication import (
                 DEFAULT_REPLICA_TIMEOUT_MS,
                 DEFAULT_SOCKET_TIMEOUT_S,
                 check_replication,

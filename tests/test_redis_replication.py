@@ -33,7 +33,8 @@ from leaseguard.errors import (
 from leaseguard.providers.redis import RedisLeaseProvider
 from leaseguard.testing import (
     LambdaContext,
-    RedisClusterServers,
+    RedisClusterWithReplicas,
+    RedisReplica,
     RedisReplicatedServers,
     RedisServer,
 )
@@ -70,7 +71,7 @@ def provider_on(client: redis.Redis | RedisCluster, replicas: int = 1) -> RedisL
     return RedisLeaseProvider(client, prefix="rp:", replicas=replicas, replica_timeout_ms=WAIT_MS)
 
 
-def fail_over(servers: RedisReplicatedServers, replica: int = 0) -> RedisServer:
+def fail_over(servers: RedisReplicatedServers, replica: int = 0) -> RedisReplica:
     """The primary dies (SIGKILL: nothing more leaves it) and the replica is promoted."""
     servers.primary.stop(9)
     promoted = servers.replicas[replica]
@@ -410,7 +411,7 @@ def test_a_renewal_not_acknowledged_leaves_the_replica_the_older_deadline(
 def test_cluster_waits_on_the_primary_of_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     """One replica, of the first primary only: keys on it are acknowledged, keys on the
     others raise NotReplicated; every step is one round trip to the key's primary."""
-    with RedisClusterServers(3, replicas=1) as cluster:
+    with RedisClusterWithReplicas(3, replicas=1) as cluster:
         client = RedisCluster.from_url(cluster.url)
         try:
             provider = provider_on(client)

@@ -9,13 +9,8 @@ handler.
 from typing import TYPE_CHECKING, Any
 
 from .context import LambdaContext
-from .servers import (
-    RedisClusterServers,
-    RedisReplicatedServers,
-    RedisServer,
-    find_redis_server,
-    free_port,
-)
+from .replicas import RedisClusterWithReplicas, RedisReplica, RedisReplicatedServers
+from .servers import RedisClusterServers, RedisServer, find_redis_server, free_port
 
 if TYPE_CHECKING:
     from .dynamodb_server import DynamoDBServer
@@ -35,6 +30,8 @@ __all__ = [
     "DynamoDBServer",
     "LambdaContext",
     "RedisClusterServers",
+    "RedisClusterWithReplicas",
+    "RedisReplica",
     "RedisReplicatedServers",
     "RedisServer",
     "find_redis_server",

@@ -23,7 +23,7 @@ from typing import Any, Self
 
 from leaseguard.errors import ConfigurationError
 
-_START_TIMEOUT_S = 20.0
+START_TIMEOUT_S = 20.0
 
 
 def bundled_redis_server() -> str | None:
@@ -100,8 +100,8 @@ class ManagedServer:
 class RedisServer(ManagedServer):
     """One ``redis-server`` process on 127.0.0.1. Persistence is off unless ``appendonly``;
     extra ``redis-server`` options go in ``options`` (``{"maxmemory": "10mb"}``). With
-    ``replica_of`` (a port on 127.0.0.1) it starts as that server's replica, and
-    :meth:`start` returns once its link to the primary is up."""
+    ``replica_of`` (a port on 127.0.0.1) it starts as that server's replica (see
+    :class:`~.replicas.RedisReplica`, which also waits for the link)."""
 
     def __init__(
         self,
@@ -180,8 +180,6 @@ class RedisServer(ManagedServer):
             self.command_line(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
         self._wait_until_ready()
-        if self.replica_of is not None and not self.cluster:
-            self.wait_for_link()
         return self
 
     def _command(self, *args: str | int) -> Any:
@@ -189,56 +187,6 @@ class RedisServer(ManagedServer):
 
         with redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=10) as client:
             return client.execute_command(*args)
-
-    def replication(self) -> dict[str, str]:
-        """``INFO replication`` as text fields (``role``, ``master_link_status``, ...)."""
-        return _as_text_dict(self._command("INFO", "replication"))
-
-    def wait_for_link(self, timeout_s: float = _START_TIMEOUT_S) -> None:
-        """Return once this replica's link to its primary is up and the primary lists it as
-        online and has acknowledged a write made after that (only then does the primary count
-        it in ``WAIT`` without delay: a replica fresh from its first sync may take its first
-        acknowledgement up to a second late)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.replication().get("master_link_status") == "up" and self._acknowledged():
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"replica on port {self.port} did not link to its primary in time")
-
-    def _acknowledged(self) -> bool:
-        """The primary lists this replica online, with an acknowledged offset at least that
-        of a write the primary made just before it was asked."""
-        import redis
-
-        if self.replica_of is None:
-            return False
-        with redis.Redis(port=self.replica_of, socket_timeout=10) as primary:
-            if not self.cluster:  # (on Cluster the key may belong to another primary)
-                primary.set("leaseguard-harness:replica-sync", self.port)
-            target = int(primary.info("replication")["master_repl_offset"])
-            primary.execute_command("WAIT", 1, 50)  # the primary asks its replicas to ack
-            row = self._row_at(primary.info("replication"))
-        return row is not None and row.get("state") == "online" and int(row["offset"]) >= target
-
-    def _row_at(self, replication: dict[str, Any]) -> dict[str, Any] | None:
-        """This replica's ``slaveN`` row in its primary's ``INFO replication``."""
-        for name, row in replication.items():
-            if name.startswith("slave") and isinstance(row, dict) and row.get("port") == self.port:
-                return row
-        return None
-
-    def replicate(self, port: int) -> None:
-        """Become (again) the replica of the server on ``port``; returns once linked."""
-        self._command("REPLICAOF", "127.0.0.1", port)
-        self.replica_of = port
-        self.wait_for_link()
-
-    def promote(self) -> None:
-        """``REPLICAOF NO ONE``: stop replicating and accept writes, keeping the data it has (a
-        failover's promotion; also how a test drops a replica's link for good)."""
-        self._command("REPLICAOF", "NO", "ONE")
-        self.replica_of = None
 
     def pause(self) -> None:
         """SIGSTOP: the process stops reading; its sockets stay open (a replica that hangs)."""
@@ -251,7 +199,7 @@ class RedisServer(ManagedServer):
             os.kill(self.process.pid, signal.SIGCONT)
 
     def _wait_until_ready(self) -> None:
-        deadline = time.monotonic() + _START_TIMEOUT_S
+        deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
@@ -302,45 +250,14 @@ class RedisServer(ManagedServer):
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
-class RedisReplicatedServers(ManagedServer):
-    """A primary and ``replicas`` replicas of it, each on a free port; :meth:`start` returns
-    once every replica's link is up."""
-
-    def __init__(self, replicas: int = 1, *, binary: str | None = None) -> None:
-        self.primary = RedisServer(binary=binary)
-        self.replicas = [
-            RedisServer(binary=binary, replica_of=self.primary.port) for _ in range(replicas)
-        ]
-
-    @property
-    def url(self) -> str:
-        return self.primary.url
-
-    def start(self) -> RedisReplicatedServers:
-        try:
-            self.primary.start()
-            for replica in self.replicas:
-                replica.start()
-        except BaseException:
-            self.cleanup()
-            raise
-        return self
-
-    def cleanup(self) -> None:
-        for server in (*self.replicas, self.primary):
-            server.cleanup()
-
-
 class RedisClusterServers(ManagedServer):
     """A Redis Cluster of ``masters`` nodes on free ports, formed with ``CLUSTER ADDSLOTS`` and
-    ``CLUSTER MEET`` (no ``redis-cli`` needed). With ``replicas``, that many more nodes, each
-    the replica of one of the first masters (``CLUSTER REPLICATE``), in :attr:`replicas`."""
+    ``CLUSTER MEET`` (no ``redis-cli`` needed); with replicas: :class:`~.replicas.
+    RedisClusterWithReplicas`."""
 
-    def __init__(self, masters: int = 3, *, binary: str | None = None, replicas: int = 0) -> None:
-        if not 0 <= replicas <= masters:
-            raise ValueError("at most one replica per master")
+    def __init__(self, masters: int = 3, *, binary: str | None = None) -> None:
         self.nodes = [RedisServer(cluster=True, binary=binary) for _ in range(masters)]
-        self.replicas = [RedisServer(cluster=True, binary=binary) for _ in range(replicas)]
+        self.replicas: list[RedisServer] = []
 
     @property
     def url(self) -> str:
@@ -373,36 +290,15 @@ class RedisClusterServers(ManagedServer):
             for node in self.nodes[1:]:
                 clients[0].cluster("MEET", "127.0.0.1", node.port)
             self._wait_for_ok(clients)
-            self._add_replicas(clients[0])
         finally:
             for client in clients:
                 client.close()
 
-    def _add_replicas(self, first: Any) -> None:
-        import redis
-
-        for master, replica in zip(self.nodes, self.replicas, strict=False):
-            replica.start()
-            master_id = _text(master._command("CLUSTER", "MYID"))
-            first.cluster("MEET", "127.0.0.1", replica.port)
-            with redis.Redis(port=replica.port, socket_timeout=5) as client:
-                deadline = time.monotonic() + _START_TIMEOUT_S
-                while True:  # the replica must know the master's id before it can follow it
-                    try:
-                        client.execute_command("CLUSTER REPLICATE", master_id)
-                        break
-                    except redis.exceptions.ResponseError:
-                        if time.monotonic() > deadline:
-                            raise
-                        time.sleep(0.1)
-            replica.replica_of = master.port
-            replica.wait_for_link()
-
     def _wait_for_ok(self, clients: list[Any]) -> None:
-        deadline = time.monotonic() + _START_TIMEOUT_S
+        deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             # redis-py parses CLUSTER INFO into a dict of str -> str
-            infos = [_as_text_dict(c.execute_command("CLUSTER INFO")) for c in clients]
+            infos = [as_text_dict(c.execute_command("CLUSTER INFO")) for c in clients]
             if all(
                 info.get("cluster_state") == "ok"
                 and info.get("cluster_known_nodes") == str(len(clients))
@@ -419,14 +315,14 @@ class RedisClusterServers(ManagedServer):
     stop = cleanup
 
 
-def _as_text_dict(info: Any) -> dict[str, str]:
+def as_text_dict(info: Any) -> dict[str, str]:
     if isinstance(info, dict):
-        return {_text(k): _text(v) for k, v in info.items()}
-    lines = _text(info).splitlines()
+        return {text_of(k): text_of(v) for k, v in info.items()}
+    lines = text_of(info).splitlines()
     return dict(line.split(":", 1) for line in lines if ":" in line)
 
 
-def _text(value: Any) -> str:
+def text_of(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 

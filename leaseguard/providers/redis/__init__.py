@@ -79,7 +79,8 @@ from leaseguard.errors import NotReplicated
 
 from .connection import redact_url
 from .keys import CLUSTER_SLOTS, escape_key, key_slot, slot_tags
-from .provider import DEFAULT_REPLICA_TIMEOUT_MS, RedisLeaseProvider
+from .provider import RedisLeaseProvider
+from .replication import DEFAULT_REPLICA_TIMEOUT_MS
 from .scripts import (
     ACL_COMMANDS,
     ACQUIRE_LUA,

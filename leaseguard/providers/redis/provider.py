@@ -1,38 +1,13 @@
 """The lease contract and signal queue on Redis: each operation one script run
-(:mod:`.scripts`), its reply decoded by :mod:`.codec`.
-
-**Replicas.** A Redis primary answers a write before its replicas have it; a failover to a
-replica that had not received it loses it (two owners of one key, forwards answered 202 and
-gone: docs/safety.md, "Backends that lose acknowledged writes"). With ``replicas=N`` every
-write step is sent as three commands in one round trip on one connection::
-
-    EVALSHA <step> ...                      the step itself
-    SET <prefix>{t}:ack "" PX 1             the fence: a write after the step's, in its slot
-    WAIT N <replica_timeout_ms>             replicas that have everything up to the fence
-
-and the step raises :class:`~leaseguard.errors.NotReplicated` when fewer than ``N`` replicas
-acknowledged. ``WAIT`` counts the replicas that reached the last write *of its own
-connection*, so without the fence a step that wrote nothing (a resend that finds its own
-earlier run, a duplicate, a refused claim) would be acknowledged at once, however far behind
-the replicas are: its answer may rest on another client's write that no replica has yet. The
-fence comes after the step in the primary's one replication stream, so a replica that has it
-has every write the step saw or made, whoever made them. ``WAIT`` cannot run inside a script,
-hence the pipeline. Read-only steps (:meth:`inspect_key`, :meth:`get_lease_owner`,
-:meth:`pending_signals`, the index reads) are sent alone.
-"""
+(:mod:`.scripts`), its reply decoded by :mod:`.codec`; with ``replicas``, each write step sent
+with ``WAIT`` by :mod:`.replication`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from leaseguard.errors import (
-    InvalidLeaseArgument,
-    LeaseBackendError,
-    LeaseLostError,
-    NotReplicated,
-    QueueFull,
-)
+from leaseguard.errors import InvalidLeaseArgument, LeaseBackendError, LeaseLostError, QueueFull
 from leaseguard.protocol.model import DEFAULT_MAX_QUEUE, Failure
 from leaseguard.providers.base import BaseLeaseProvider, new_nonce
 from leaseguard.signals import decode_signal
@@ -43,6 +18,12 @@ from .codec import as_text, dead_letters, fence_arg, listed_signals, owning_sign
 from .connection import connect
 from .direct import direct_calls, pipelined_calls
 from .keys import escape_key, key_slot, slot_index_key
+from .replication import (
+    DEFAULT_REPLICA_TIMEOUT_MS,
+    DEFAULT_SOCKET_TIMEOUT_S,
+    check_replication,
+    run_replicated,
+)
 from .scripts import (
     ACQUIRE_LUA,
     ACQUIRE_OR_ENQUEUE_LUA,
@@ -65,16 +46,6 @@ if TYPE_CHECKING:
 
 _KEY_CACHE_SIZE = 4096
 
-DEFAULT_SOCKET_TIMEOUT_S = 2.0
-"""The socket timeout of clients :meth:`RedisLeaseProvider.from_url` builds."""
-DEFAULT_REPLICA_TIMEOUT_MS = 500
-"""How long a write step waits for ``replicas`` acknowledgements by default (``WAIT``'s
-timeout): a replica in the same region acknowledges in about a millisecond, and a step that
-fails pays this much before it says so."""
-MAX_REPLICA_TIMEOUT_MS = 60_000
-MAX_REPLICAS = 100
-
-# Steps that write nothing: sent without WAIT.
 _READ_ONLY_STEPS = frozenset({INSPECT_LUA.name})
 
 
@@ -136,7 +107,9 @@ class RedisLeaseProvider(BaseLeaseProvider):
         the client's ``execute_command``."""
         self.replicas = replicas
         self.replica_timeout_ms = replica_timeout_ms
-        self._pipelined = pipelined_calls(client, self.execute) if replicas else None
+        self.pipelined = pipelined_calls(client, self.execute) if replicas else None
+        """How a write step goes out with its fence and ``WAIT`` (:mod:`.replication`); ``None``
+        without ``replicas``."""
         self.prefix = prefix
         self.cluster = isinstance(client, RedisCluster)
         self._slot_indexes = (  # isinstance, not self.cluster: it narrows the client's type
@@ -210,8 +183,8 @@ class RedisLeaseProvider(BaseLeaseProvider):
 
     def _run(self, script: LuaScript, key: str, *args: str | int) -> Any:
         keys = self._keys.get(key) or self.redis_keys(key)
-        if self._pipelined is not None and script.name not in _READ_ONLY_STEPS:
-            return self._run_replicated(script, key, keys, args)
+        if self.pipelined is not None and script.name not in _READ_ONLY_STEPS:
+            return run_replicated(self, script, key, keys, args)
         execute = self.execute  # not Script.__call__: a third of the client-side cost of a call
         try:
             try:
@@ -223,36 +196,6 @@ class RedisLeaseProvider(BaseLeaseProvider):
             raise LeaseBackendError(
                 f"Redis {script.name} on {key!r} failed: {type(exc).__name__}: {exc}"
             ) from exc
-
-    def _run_replicated(
-        self, script: LuaScript, key: str, keys: list[str], args: tuple[str | int, ...]
-    ) -> Any:
-        """The step, the fence and ``WAIT`` in one round trip (see the module docstring)."""
-        assert self._pipelined is not None
-        fence = keys[0].removesuffix("lease") + "ack"  # the key's hash tag: the same slot
-        commands = [
-            ("EVALSHA", script.sha, len(keys), *keys, key, *args),
-            ("SET", fence, "", "PX", 1),
-            ("WAIT", self.replicas, self.replica_timeout_ms),
-        ]
-        try:
-            replies = self._pipelined(commands)
-            if isinstance(replies[0], self._no_script):
-                self.client.script_load(script.text)
-                replies = self._pipelined(commands)
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-        except self._redis_error as exc:
-            raise LeaseBackendError(
-                f"Redis {script.name} on {key!r} failed: {type(exc).__name__}: {exc}"
-            ) from exc
-        acknowledged = int(replies[2])
-        if acknowledged < self.replicas:
-            raise NotReplicated(
-                key, script.name, acknowledged, self.replicas, self.replica_timeout_ms
-            )
-        return replies[0]
 
     # -- the contract ---------------------------------------------------------------------------
 
@@ -412,34 +355,3 @@ class RedisLeaseProvider(BaseLeaseProvider):
         except (redis.exceptions.RedisError, RedisClusterException) as exc:
             raise LeaseBackendError(f"Redis dead-letter index read failed: {exc}") from exc
         return sorted(as_text(m) for m in found)[:limit]
-
-
-def check_replication(
-    client: Any, replicas: int, timeout_ms: int, socket_timeout: float | None = None
-) -> None:
-    """Raise :class:`~leaseguard.errors.InvalidLeaseArgument` unless ``replicas`` and
-    ``replica_timeout_ms`` (``timeout_ms``) are in range and the timeout is below the client's
-    socket timeout (``socket_timeout`` in seconds, else read from ``client``, which may be
-    ``None``). Checked before any I/O."""
-    if isinstance(replicas, bool) or not isinstance(replicas, int):
-        raise InvalidLeaseArgument(f"replicas must be an int, got {replicas!r}")
-    if not 0 <= replicas <= MAX_REPLICAS:
-        raise InvalidLeaseArgument(f"replicas must be 0..{MAX_REPLICAS}, got {replicas}")
-    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int):
-        raise InvalidLeaseArgument(f"replica_timeout_ms must be an int, got {timeout_ms!r}")
-    if not 1 <= timeout_ms <= MAX_REPLICA_TIMEOUT_MS:
-        raise InvalidLeaseArgument(
-            f"replica_timeout_ms must be 1..{MAX_REPLICA_TIMEOUT_MS}, got {timeout_ms}"
-        )
-    if not replicas:
-        return
-    if socket_timeout is None:
-        # A standalone client's pool, or a cluster client's nodes manager, keeps its options.
-        holder = getattr(client, "connection_pool", None) or getattr(client, "nodes_manager", None)
-        options = getattr(holder, "connection_kwargs", None)
-        socket_timeout = options.get("socket_timeout") if isinstance(options, dict) else None
-    if socket_timeout is not None and timeout_ms >= socket_timeout * 1000:
-        raise InvalidLeaseArgument(
-            f"replica_timeout_ms ({timeout_ms}) must be below the client's socket timeout "
-            f"({socket_timeout * 1000:g} ms): the client would give up on the reply first"
-        )
