@@ -13,6 +13,10 @@ simulator.
 ``LEASEGUARD_REDIS_URL``           ``redis://``/``rediss://`` URL, ACL user and password inline
 ``LEASEGUARD_REDIS_CLUSTER``       ``true`` to use a Redis Cluster client
 ``LEASEGUARD_KEY_PREFIX``          Redis key prefix (default ``lg:``)
+``LEASEGUARD_REDIS_REPLICAS``      replicas that must acknowledge each Redis write step
+                                   (``WAIT``; default 0, off), within
+                                   ``LEASEGUARD_REDIS_REPLICA_TIMEOUT_MS`` (default 500): see
+                                   docs/deploy.md
 ``LEASEGUARD_TABLE_NAME``          DynamoDB table (see ``docs/dynamodb.md`` for the schema)
 ``LEASEGUARD_DYNAMODB_ENDPOINT``   endpoint override (DynamoDB Local, moto); normally unset
 ``LEASEGUARD_CLOCK_SKEW_MS``       DynamoDB clock-skew margin (default 1000)
@@ -61,6 +65,10 @@ class ProviderConfig:
     redis_url: str | None = None
     redis_cluster: bool = False
     key_prefix: str = "lg:"
+    redis_replicas: int = 0
+    redis_replica_timeout_ms: int | None = None
+    """``None``: the provider's default (one place: ``DEFAULT_REPLICA_TIMEOUT_MS`` of the Redis
+    provider, which this module does not import)."""
     table_name: str | None = None
     dynamodb_endpoint: str | None = None
     region_name: str | None = None
@@ -117,6 +125,8 @@ class ProviderConfig:
             redis_url=env.get("LEASEGUARD_REDIS_URL") or None,
             redis_cluster=_flag(env, "LEASEGUARD_REDIS_CLUSTER"),
             key_prefix=env.get("LEASEGUARD_KEY_PREFIX", "lg:"),
+            redis_replicas=env_int("LEASEGUARD_REDIS_REPLICAS", 0, env),
+            redis_replica_timeout_ms=_optional_int(env, "LEASEGUARD_REDIS_REPLICA_TIMEOUT_MS"),
             table_name=env.get("LEASEGUARD_TABLE_NAME") or None,
             dynamodb_endpoint=env.get("LEASEGUARD_DYNAMODB_ENDPOINT") or None,
             region_name=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
@@ -132,13 +142,29 @@ class ProviderConfig:
         """A new provider (and client) for this configuration."""
         if self.backend == "redis":
             from leaseguard.providers.redis import RedisLeaseProvider
+            from leaseguard.providers.redis.replication import (
+                DEFAULT_REPLICA_TIMEOUT_MS,
+                DEFAULT_SOCKET_TIMEOUT_S,
+                check_replication,
+            )
 
+            timeout = self.redis_replica_timeout_ms
+            if timeout is None:
+                timeout = DEFAULT_REPLICA_TIMEOUT_MS
+            try:
+                check_replication(None, self.redis_replicas, timeout, DEFAULT_SOCKET_TIMEOUT_S)
+            except InvalidLeaseArgument as exc:
+                raise ConfigurationError(
+                    f"LEASEGUARD_REDIS_REPLICAS / LEASEGUARD_REDIS_REPLICA_TIMEOUT_MS: {exc}"
+                ) from exc
             return RedisLeaseProvider.from_url(
                 self.redis_url or "",  # never empty: __post_init__ refused that
                 cluster=self.redis_cluster,
                 prefix=self.key_prefix,
                 max_payload_bytes=self.max_payload_bytes,
                 max_queue=self.max_queue,
+                replicas=self.redis_replicas,
+                replica_timeout_ms=timeout,
             )
         if self.backend == "dynamodb":
             from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
@@ -176,6 +202,12 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     if value in ("1", "true", "yes", "on"):
         return True
     raise ConfigurationError(f"{name} must be true or false, got {value!r}")
+
+
+def _optional_int(env: Mapping[str, str], name: str) -> int | None:
+    """The integer in ``name``, or ``None`` when it is unset or blank."""
+    raw = env.get(name)
+    return None if raw is None or not raw.strip() else env_int(name, 0, env)
 
 
 def env_int(name: str, default: int, env: Mapping[str, str] | None = None) -> int:

@@ -81,3 +81,44 @@ class QueueFull(LeaseguardError):
         super().__init__(
             f"queue of key {key!r} is full ({depth} signals queued; max_queue is {limit}){reason}"
         )
+
+
+class NotReplicated(LeaseBackendError):
+    """A Redis write step was answered by the primary, but fewer than ``required`` replicas
+    acknowledged it within ``timeout_ms`` (``RedisLeaseProvider(..., replicas=N)``, which sends
+    ``WAIT`` after every write step).
+
+    The write **did apply on the primary**: the lease may be granted, the signal queued, the
+    completion recorded. It is not known to be on a replica, so a failover may lose it, or may
+    not. The caller must treat the step as given up, exactly like a reply lost in transit: the
+    guard lets the invocation fail (the platform retries the event, a 5xx reaches API Gateway)
+    rather than answer a forward it cannot vouch for. Sending the same step again is safe: each
+    step recognises its own resend (its nonce, or the signal id; docs/protocol.md, invariant h).
+
+    Attributes
+    ----------
+    key : str
+        The user key the step was for.
+    step : str
+        The script that ran (``acquire_or_enqueue``, ``renew``, ...).
+    acknowledged : int
+        Replicas that acknowledged the write (``WAIT``'s reply).
+    required : int
+        Replicas the provider was configured to wait for (``replicas``).
+    timeout_ms : int
+        How long the primary waited for them (``replica_timeout_ms``).
+    """
+
+    def __init__(
+        self, key: str, step: str, acknowledged: int, required: int, timeout_ms: int
+    ) -> None:
+        self.key = key
+        self.step = step
+        self.acknowledged = acknowledged
+        self.required = required
+        self.timeout_ms = timeout_ms
+        super().__init__(
+            f"Redis {step} on {key!r} applied on the primary but only {acknowledged} of "
+            f"{required} replicas acknowledged it within {timeout_ms} ms (WAIT): a failover "
+            f"may lose it"
+        )

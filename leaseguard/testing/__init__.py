@@ -1,13 +1,15 @@
 """Helpers for testing code that uses leaseguard: real servers and a Lambda-like context.
 
-``leaseguard.testing.servers`` starts real Redis servers (standalone or Cluster) on free
-ports; :class:`DynamoDBServer` serves moto's DynamoDB on a free port, one request at a time;
-:class:`LambdaContext` stands in for the context object Lambda passes to a handler.
+``leaseguard.testing.servers`` starts real Redis servers (standalone, a primary with replicas,
+or Cluster) on free ports; :class:`DynamoDBServer` serves moto's DynamoDB on a free port, one
+request at a time; :class:`LambdaContext` stands in for the context object Lambda passes to a
+handler.
 """
 
 from typing import TYPE_CHECKING, Any
 
 from .context import LambdaContext
+from .replicas import RedisClusterWithReplicas, RedisReplica, RedisReplicatedServers
 from .servers import RedisClusterServers, RedisServer, find_redis_server, free_port
 
 if TYPE_CHECKING:
@@ -28,6 +30,9 @@ __all__ = [
     "DynamoDBServer",
     "LambdaContext",
     "RedisClusterServers",
+    "RedisClusterWithReplicas",
+    "RedisReplica",
+    "RedisReplicatedServers",
     "RedisServer",
     "find_redis_server",
     "free_port",

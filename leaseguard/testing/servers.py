@@ -23,7 +23,7 @@ from typing import Any, Self
 
 from leaseguard.errors import ConfigurationError
 
-_START_TIMEOUT_S = 20.0
+START_TIMEOUT_S = 20.0
 
 
 def bundled_redis_server() -> str | None:
@@ -99,7 +99,9 @@ class ManagedServer:
 
 class RedisServer(ManagedServer):
     """One ``redis-server`` process on 127.0.0.1. Persistence is off unless ``appendonly``;
-    extra ``redis-server`` options go in ``options`` (``{"maxmemory": "10mb"}``)."""
+    extra ``redis-server`` options go in ``options`` (``{"maxmemory": "10mb"}``). With
+    ``replica_of`` (a port on 127.0.0.1) it starts as that server's replica (see
+    :class:`~.replicas.RedisReplica`, which also waits for the link)."""
 
     def __init__(
         self,
@@ -111,8 +113,10 @@ class RedisServer(ManagedServer):
         binary: str | None = None,
         data_dir: str | None = None,
         tls: bool = False,
+        replica_of: int | None = None,
     ) -> None:
         self.binary = binary or find_redis_server()
+        self.replica_of = replica_of
         self.port = port or free_port(cluster_bus=cluster)
         self.appendonly = appendonly
         self.cluster = cluster
@@ -153,6 +157,9 @@ class RedisServer(ManagedServer):
             "--daemonize", "no",
             "--logfile", os.path.join(self.data_dir, "redis.log"),
             "--appendonly", "yes" if self.appendonly else "no",
+            # A replica's full sync starts at once, not after the default 5 s of waiting for
+            # other replicas to share it.
+            "--repl-diskless-sync-delay", "0",
         ]  # fmt: skip
         if self.appendonly:
             args += ["--appendfsync", "always"]
@@ -162,6 +169,8 @@ class RedisServer(ManagedServer):
                 "--cluster-config-file", os.path.join(self.data_dir, "nodes.conf"),
                 "--cluster-node-timeout", "3000",
             ]  # fmt: skip
+        if self.replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         for name, value in self.options.items():
             args += [f"--{name}", value]
         return args
@@ -173,8 +182,24 @@ class RedisServer(ManagedServer):
         self._wait_until_ready()
         return self
 
+    def _command(self, *args: str | int) -> Any:
+        import redis
+
+        with redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=10) as client:
+            return client.execute_command(*args)
+
+    def pause(self) -> None:
+        """SIGSTOP: the process stops reading; its sockets stay open (a replica that hangs)."""
+        if self.process is not None:
+            os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self.process is not None:
+            os.kill(self.process.pid, signal.SIGCONT)
+
     def _wait_until_ready(self) -> None:
-        deadline = time.monotonic() + _START_TIMEOUT_S
+        deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
@@ -203,6 +228,7 @@ class RedisServer(ManagedServer):
         if self.process is None:
             return
         if self.process.poll() is None:
+            self.resume()  # a paused process would not act on SIGTERM
             os.kill(self.process.pid, sig)
             try:
                 self.process.wait(timeout=10)
@@ -225,11 +251,13 @@ class RedisServer(ManagedServer):
 
 
 class RedisClusterServers(ManagedServer):
-    """A Redis Cluster of ``masters`` nodes (no replicas) on free ports, formed with
-    ``CLUSTER ADDSLOTS`` and ``CLUSTER MEET`` (no ``redis-cli`` needed)."""
+    """A Redis Cluster of ``masters`` nodes on free ports, formed with ``CLUSTER ADDSLOTS`` and
+    ``CLUSTER MEET`` (no ``redis-cli`` needed); with replicas: :class:`~.replicas.
+    RedisClusterWithReplicas`."""
 
     def __init__(self, masters: int = 3, *, binary: str | None = None) -> None:
         self.nodes = [RedisServer(cluster=True, binary=binary) for _ in range(masters)]
+        self.replicas: list[RedisServer] = []
 
     @property
     def url(self) -> str:
@@ -237,7 +265,7 @@ class RedisClusterServers(ManagedServer):
 
     @property
     def pids(self) -> list[int]:
-        return [n.pid for n in self.nodes if n.pid is not None]
+        return [n.pid for n in (*self.nodes, *self.replicas) if n.pid is not None]
 
     def start(self) -> RedisClusterServers:
         try:
@@ -267,10 +295,10 @@ class RedisClusterServers(ManagedServer):
                 client.close()
 
     def _wait_for_ok(self, clients: list[Any]) -> None:
-        deadline = time.monotonic() + _START_TIMEOUT_S
+        deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             # redis-py parses CLUSTER INFO into a dict of str -> str
-            infos = [_as_text_dict(c.execute_command("CLUSTER INFO")) for c in clients]
+            infos = [as_text_dict(c.execute_command("CLUSTER INFO")) for c in clients]
             if all(
                 info.get("cluster_state") == "ok"
                 and info.get("cluster_known_nodes") == str(len(clients))
@@ -281,20 +309,20 @@ class RedisClusterServers(ManagedServer):
         raise RuntimeError("Redis Cluster did not reach cluster_state:ok in time")
 
     def cleanup(self) -> None:
-        for node in self.nodes:
+        for node in (*self.replicas, *self.nodes):
             node.cleanup()
 
     stop = cleanup
 
 
-def _as_text_dict(info: Any) -> dict[str, str]:
+def as_text_dict(info: Any) -> dict[str, str]:
     if isinstance(info, dict):
-        return {_text(k): _text(v) for k, v in info.items()}
-    lines = _text(info).splitlines()
+        return {text_of(k): text_of(v) for k, v in info.items()}
+    lines = text_of(info).splitlines()
     return dict(line.split(":", 1) for line in lines if ":" in line)
 
 
-def _text(value: Any) -> str:
+def text_of(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 

@@ -29,12 +29,19 @@ or claim finds the nonce of the call that made it (``w``) and returns the first 
 renew and release are idempotent already, and a redrive finds its nonce in the done memory
 (``donetok``) and answers what it moved.
 
+**Replicas.** ``RedisLeaseProvider(client, replicas=N)`` sends every write step with a fence
+write and ``WAIT N replica_timeout_ms`` in the same round trip, on the same connection (on
+Cluster: to the primary that ran the script), and raises
+:class:`~leaseguard.errors.NotReplicated` when fewer than ``N`` replicas acknowledged
+(:mod:`.provider`). Without it a failover may lose any acknowledged step (docs/deploy.md).
+
 **Key layout.** For a user key ``k`` and prefix ``lg:`` the keys are ``lg:{t}:lease``,
 ``lg:{t}:queue``, ``lg:{t}:signals``, ``lg:{t}:inflight``, ``lg:{t}:done``, ``lg:{t}:donetok``,
 ``lg:{t}:attempts``, ``lg:{t}:dead`` and ``lg:{t}:state`` (see ``lua/_prelude.lua``), where
-``t`` is ``k`` with ``%``, ``{`` and ``}`` percent-encoded (``%25``, ``%7B``, ``%7D``). The
-encoding is injective, so two user keys never share Redis keys, and ``t`` contains no brace, so
-the hash tag is exactly ``t`` and all of a key's Redis keys land in one Cluster slot whatever
+``t`` is ``k`` with ``%``, ``{`` and ``}`` percent-encoded (``%25``, ``%7B``, ``%7D``). With
+``replicas`` there is also ``lg:{t}:ack``, the fence, which expires 1 ms after each write step.
+The encoding is injective, so two user keys never share Redis keys, and ``t`` contains no brace,
+so the hash tag is exactly ``t`` and all of a key's Redis keys land in one Cluster slot whatever
 the user key holds (spaces, newlines, unicode and braces included). Keys with pending signals
 are indexed in a sorted set scored by the owner's deadline: ``lg:index`` on a standalone
 server, and on Cluster one ``lg:{s}:index`` per slot, where ``s`` is a short string that
@@ -69,9 +76,12 @@ an expired lease lives in ``state``: the halted flag ``h``, and ``g``, the token
 whose signals are in flight (the model's ``t`` for row C4 after the grant's lease ran out).
 """
 
+from leaseguard.errors import NotReplicated
+
 from .connection import redact_url
 from .keys import CLUSTER_SLOTS, escape_key, key_slot, slot_tags
 from .provider import RedisLeaseProvider
+from .replication import DEFAULT_REPLICA_TIMEOUT_MS
 from .scripts import (
     ACL_COMMANDS,
     ACQUIRE_LUA,
@@ -82,6 +92,7 @@ from .scripts import (
     REDRIVE_LUA,
     RELEASE_LUA,
     RENEW_LUA,
+    REPLICA_ACL_COMMANDS,
     TAKE_SIGNALS_LUA,
     TRANSFER_LUA,
     TRANSFER_TO_NEXT_LUA,
@@ -95,14 +106,17 @@ __all__ = [
     "ADOPT_LUA",
     "CLAIM_SIGNAL_LUA",
     "CLUSTER_SLOTS",
+    "DEFAULT_REPLICA_TIMEOUT_MS",
     "INSPECT_LUA",
     "REDRIVE_LUA",
     "RELEASE_LUA",
     "RENEW_LUA",
+    "REPLICA_ACL_COMMANDS",
     "TAKE_SIGNALS_LUA",
     "TRANSFER_LUA",
     "TRANSFER_TO_NEXT_LUA",
     "LuaScript",
+    "NotReplicated",
     "RedisLeaseProvider",
     "escape_key",
     "key_slot",

@@ -16,6 +16,12 @@ which sends each script to the primary its keys live on the same way and leaves 
 else (redirections, failovers, a cluster that is down) to the client's ``execute_command``.
 The others keep ``execute_command``. The connections go back to the pool when the provider is
 collected.
+
+With ``replicas=N`` a write step is three commands sent together (the script, a fence write and
+``WAIT``, see :mod:`.provider`): :meth:`DirectCalls.pipeline` and :meth:`ClusterCalls.pipeline`
+write them to one kept connection at once and read the three replies, one round trip; the
+other clients get redis-py's own non-transactional pipeline, which does the same on one
+connection (:func:`pipelined_calls`).
 """
 
 from __future__ import annotations
@@ -23,10 +29,16 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from redis import Redis
+
+Command = tuple[Any, ...]
+Pipelined = Callable[[Sequence[Command]], list[Any]]
+"""Sends commands in one round trip on one connection and returns their replies in order; an
+error reply is returned in its place as the ``ResponseError`` it parses to, never raised."""
 
 
 def direct_calls(client: Any) -> DirectCalls | ClusterCalls | None:
@@ -40,6 +52,28 @@ def direct_calls(client: Any) -> DirectCalls | ClusterCalls | None:
     if type(client) is not redis.Redis or getattr(client, "connection", None) is not None:
         return None
     return DirectCalls(client)
+
+
+def pipelined_calls(client: Any, execute: Any) -> Pipelined:
+    """How ``client`` sends several commands in one round trip: the kept connections of
+    ``execute`` (a :class:`DirectCalls` or :class:`ClusterCalls`) when it has them, else a
+    redis-py pipeline of a standalone client, else (a ``RedisCluster`` subclass) a
+    :class:`ClusterCalls` of its own, since a cluster pipeline would send a keyless ``WAIT`` to
+    any node rather than to the primary that ran the script."""
+    from redis.cluster import RedisCluster
+
+    if isinstance(execute, DirectCalls | ClusterCalls):
+        return execute.pipeline
+    if isinstance(client, RedisCluster):
+        return ClusterCalls(client).pipeline
+
+    def through_pipeline(commands: Sequence[Command]) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(pipe.execute(raise_on_error=False))
+
+    return through_pipeline
 
 
 class DirectCalls:
@@ -68,6 +102,32 @@ class DirectCalls:
             raise
         finally:
             self._idle.append(conn)
+
+    def pipeline(self, commands: Sequence[Command]) -> list[Any]:
+        """``commands`` written to one kept connection at once, their replies read in order:
+        one round trip. A dropped connection sends them all again, as :meth:`__call__` does."""
+        conn = self._take()
+        try:
+            return list(
+                conn.retry.call_with_retry(
+                    lambda: self._pipelined_trip(conn, commands), lambda error: conn.disconnect()
+                )
+            )
+        except BaseException:
+            conn.disconnect()  # a reply may be left unread: the next use connects afresh
+            raise
+        finally:
+            self._idle.append(conn)
+
+    def _pipelined_trip(self, conn: Any, commands: Sequence[Command]) -> list[Any]:
+        conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except self._response_error as error:  # read whole: the next reply follows it
+                replies.append(error)
+        return replies
 
     def _take(self) -> Any:
         if self._pid != os.getpid():
@@ -153,6 +213,49 @@ class ClusterCalls:
             return self.client.execute_command(*args)
         except self._send_again:
             return self.client.execute_command(*args)
+
+    def pipeline(self, commands: Sequence[Command]) -> list[Any]:
+        """``commands`` (an ``EVALSHA`` first, then commands with no keys of their own, such as
+        ``WAIT``) sent in one round trip to the primary of the script's keys, on one kept
+        connection, so a ``WAIT`` counts the replicas of the primary that ran the script.
+
+        When that primary does not simply answer (a redirection, a failover, a dropped
+        connection), the script goes through the client's ``execute_command`` as in
+        :meth:`__call__`, and the commands after it then go to the primary the client's map
+        names for the slot: a second round trip, on that path only."""
+        script = commands[0]
+        try:
+            slot = self.client.keyslot(script[3])
+            calls = self._calls(self.client.nodes_manager.get_node_from_slot(slot))
+        except Exception:  # no node known for the slot (yet): the client finds one
+            return self._by_client(commands)
+        try:
+            replies = calls.pipeline(commands)
+        except self._send_again:
+            return self._by_client(commands)
+        first = replies[0]
+        if isinstance(first, self._moved):
+            with contextlib.suppress(Exception):
+                nodes = self.client.nodes_manager
+                (getattr(nodes, "move_slot", None) or nodes.update_moved_exception)(first)
+            return self._by_client(commands)
+        if isinstance(first, self._send_again):
+            return self._by_client(commands)
+        return replies
+
+    def _by_client(self, commands: Sequence[Command]) -> list[Any]:
+        import redis
+
+        script = commands[0]
+        try:
+            first: Any = self.client.execute_command(*script)
+        except redis.exceptions.ResponseError as error:  # NOSCRIPT, a script error: the caller's
+            first = error
+        # After the client found the slot's primary (and ran the script there): the rest on a
+        # connection to that primary. A fence write among them orders them after the script in
+        # its replication stream (see provider.py), whichever connection ran the script.
+        node = self.client.nodes_manager.get_node_from_slot(self.client.keyslot(script[3]))
+        return [first, *self._calls(node).pipeline(commands[1:])]
 
     def _calls(self, node: Any) -> DirectCalls:
         client = node.redis_connection

@@ -1,5 +1,6 @@
 """The lease contract and signal queue on Redis: each operation one script run
-(:mod:`.scripts`), its reply decoded by :mod:`.codec`."""
+(:mod:`.scripts`), its reply decoded by :mod:`.codec`; with ``replicas``, each write step sent
+with ``WAIT`` by :mod:`.replication`."""
 
 from __future__ import annotations
 
@@ -15,8 +16,14 @@ from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES
 
 from .codec import as_text, dead_letters, fence_arg, listed_signals, owning_signal
 from .connection import connect
-from .direct import direct_calls
+from .direct import direct_calls, pipelined_calls
 from .keys import escape_key, key_slot, slot_index_key
+from .replication import (
+    DEFAULT_REPLICA_TIMEOUT_MS,
+    DEFAULT_SOCKET_TIMEOUT_S,
+    check_replication,
+    run_replicated,
+)
 from .scripts import (
     ACQUIRE_LUA,
     ACQUIRE_OR_ENQUEUE_LUA,
@@ -39,6 +46,8 @@ if TYPE_CHECKING:
 
 _KEY_CACHE_SIZE = 4096
 
+_READ_ONLY_STEPS = frozenset({INSPECT_LUA.name})
+
 
 class RedisLeaseProvider(BaseLeaseProvider):
     """The lease contract and signal queue on redis-py ``Redis`` or ``RedisCluster``.
@@ -57,10 +66,37 @@ class RedisLeaseProvider(BaseLeaseProvider):
         prefix: str = "lg:",
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        replicas: int = 0,
+        replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS,
     ) -> None:
+        """
+        Parameters
+        ----------
+        client : redis.Redis or redis.cluster.RedisCluster
+            The client every step is sent with.
+        prefix : str
+            Prefix of every Redis key (no ``{`` or ``}``).
+        max_payload_bytes, max_queue : int
+            Bounds of a signal's payload and of a key's queue.
+        replicas : int
+            ``0`` (the default): a step is answered as soon as the primary ran it. ``N > 0``:
+            each write step is followed, in the same round trip, by ``WAIT N
+            replica_timeout_ms`` and raises :class:`~leaseguard.errors.NotReplicated` when
+            fewer than ``N`` replicas of the primary acknowledged it (the write did apply on
+            the primary). See docs/deploy.md for what holds on failover with and without it.
+        replica_timeout_ms : int
+            How long the primary waits for the acknowledgements, 1 to 60,000 ms; it must be
+            below the client's socket timeout, or the client gives up on the reply first.
+
+        Raises
+        ------
+        InvalidLeaseArgument
+            An argument is out of range, before any I/O.
+        """
         super().__init__(max_payload_bytes=max_payload_bytes, max_queue=max_queue)
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
             raise InvalidLeaseArgument("prefix must be a str without '{' or '}'")
+        check_replication(client, replicas, replica_timeout_ms)
         import redis
         from redis.cluster import RedisCluster
 
@@ -69,6 +105,11 @@ class RedisLeaseProvider(BaseLeaseProvider):
         """What every script run is sent with: :class:`~.direct.DirectCalls` for a plain
         standalone client, :class:`~.direct.ClusterCalls` for a plain ``RedisCluster``, else
         the client's ``execute_command``."""
+        self.replicas = replicas
+        self.replica_timeout_ms = replica_timeout_ms
+        self.pipelined = pipelined_calls(client, self.execute) if replicas else None
+        """How a write step goes out with its fence and ``WAIT`` (:mod:`.replication`); ``None``
+        without ``replicas``."""
         self.prefix = prefix
         self.cluster = isinstance(client, RedisCluster)
         self._slot_indexes = (  # isinstance, not self.cluster: it narrows the client's type
@@ -87,14 +128,25 @@ class RedisLeaseProvider(BaseLeaseProvider):
         prefix: str = "lg:",
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_queue: int = DEFAULT_MAX_QUEUE,
-        socket_timeout: float = 2.0,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT_S,
+        replicas: int = 0,
+        replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS,
         **client_options: Any,
     ) -> RedisLeaseProvider:
         """Build a client from ``redis://``, ``rediss://`` (TLS) or ``unix://`` URLs, with ACL
         credentials as ``redis://user:password@host:port/db``. ``cluster=True`` makes a
-        ``RedisCluster`` client that discovers the other nodes from this one."""
+        ``RedisCluster`` client that discovers the other nodes from this one. ``replicas`` and
+        ``replica_timeout_ms`` are the constructor's (checked before connecting)."""
+        check_replication(None, replicas, replica_timeout_ms, socket_timeout)
         client = connect(url, cluster=cluster, socket_timeout=socket_timeout, **client_options)
-        return cls(client, prefix=prefix, max_payload_bytes=max_payload_bytes, max_queue=max_queue)
+        return cls(
+            client,
+            prefix=prefix,
+            max_payload_bytes=max_payload_bytes,
+            max_queue=max_queue,
+            replicas=replicas,
+            replica_timeout_ms=replica_timeout_ms,
+        )
 
     # -- keys -----------------------------------------------------------------------------------
 
@@ -131,6 +183,8 @@ class RedisLeaseProvider(BaseLeaseProvider):
 
     def _run(self, script: LuaScript, key: str, *args: str | int) -> Any:
         keys = self._keys.get(key) or self.redis_keys(key)
+        if self.pipelined is not None and script.name not in _READ_ONLY_STEPS:
+            return run_replicated(self, script, key, keys, args)
         execute = self.execute  # not Script.__call__: a third of the client-side cost of a call
         try:
             try:

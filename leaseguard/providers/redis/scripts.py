@@ -103,3 +103,7 @@ permissions): a least-privilege Redis user needs exactly these, on keys ``<prefi
 
     ACL SETUSER lease-app on >password ~lg:* resetchannels -@all +<each command>
 """
+
+REPLICA_ACL_COMMANDS: tuple[str, ...] = ("set", "wait")
+"""What ``RedisLeaseProvider(..., replicas=N)`` sends besides :data:`ACL_COMMANDS`: the fence
+``SET`` (on ``<prefix>*`` keys) and ``WAIT``."""
