@@ -102,6 +102,12 @@ class LeaseHandle:
         self.take_failed = False
 
     @property
+    def grant_owner(self) -> str:
+        """The owner of the grant this run holds: :attr:`owner` itself, except inside a batch
+        drain, where the item runs under the batch owner's grant (:class:`ItemLease`)."""
+        return self.owner
+
+    @property
     def lost(self) -> bool:
         """True once a renewal failed or was refused, or once the TTL has run out since the
         last successful renewal was sent (a renewal stuck in client retries does not count).
@@ -437,6 +443,10 @@ class ItemLease(LeaseHandle):
     @take_failed.setter
     def take_failed(self, value: bool) -> None:
         self.batch.take_failed = value
+
+    @property
+    def grant_owner(self) -> str:
+        return self.batch.owner
 
     @property
     def lost(self) -> bool:

@@ -40,7 +40,7 @@ class Handler:
     def __call__(self, event: dict[str, Any], context: Any) -> str:
         lease = current_lease()
         self.seen.append((event["n"], lease.owner, lease.token))
-        self.grants.append(getattr(lease, "batch_owner", lease.owner))
+        self.grants.append(lease.grant_owner)
         self.inside.set()
         self.gate.wait(10)
         time.sleep(self.slow if event["n"] == 1 and self.slow else self.work_s)
