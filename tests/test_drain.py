@@ -29,6 +29,7 @@ class Handler:
         self, fail: dict[int, int] | None = None, work_s: float = 0.0, slow: float = 0.0
     ) -> None:
         self.seen: list[tuple[int, str, int | None]] = []
+        self.grants: list[str] = []  # the owner of the grant each run ran under
         self.errors: list[str] = []
         self.fail = dict(fail or {})
         self.work_s = work_s
@@ -39,6 +40,7 @@ class Handler:
     def __call__(self, event: dict[str, Any], context: Any) -> str:
         lease = current_lease()
         self.seen.append((event["n"], lease.owner, lease.token))
+        self.grants.append(lease.grant_owner)
         self.inside.set()
         self.gate.wait(10)
         time.sleep(self.slow if event["n"] == 1 and self.slow else self.work_s)
@@ -95,9 +97,11 @@ def test_a_drain_runs_the_queue_in_order_once_each_under_one_grant_per_batch(
     assert [n for n, _, _ in recorder.seen] == list(range(8))
     # 0 had the key uncontended: it hands it to 1 (a new token), which drains 2-4 under its
     # grant; 5 is handed the key next and drains 6 and 7
-    owners = [owner for _, owner, _ in recorder.seen]
+    owners = recorder.grants
     tokens = [token for _, _, token in recorder.seen]
     assert owners[2:5] == [owners[1]] * 3 and owners[6:] == [owners[5]] * 2
+    # each run's current_lease().owner names its own event (the dedupe pattern's key)
+    assert len({owner for _, owner, _ in recorder.seen}) == 8
     assert tokens[1:5] == [tokens[1]] * 4 and tokens[5:] == [tokens[5]] * 3
     assert len(set(tokens)) == 3 and tokens == sorted(tokens)  # type: ignore[type-var]
     idle(provider)

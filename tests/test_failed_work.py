@@ -278,6 +278,41 @@ def test_a_signal_whose_runs_never_finish_is_dead_lettered_without_running_again
     assert state.owner is None and not state.queued
 
 
+def test_an_unclaimed_grant_that_expires_three_times_keeps_its_attempts(
+    provider: BaseLeaseProvider,
+) -> None:
+    """[G5] Issue 23 finding 1b: a hand-off grant whose envelope came late never started, so
+    its expiry charges nothing (via D1, Q6 and C4 alike); the late envelope then runs it."""
+    ran: list[str] = []
+
+    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL, max_attempts=3)
+    def handler(event: dict[str, Any], context: Any) -> Any:
+        ran.append(event["n"])
+        return str(event["n"])
+
+    provider.acquire_or_enqueue("u", Signal("first", {"k": "u", "n": "first"}), TTL)
+    provider.acquire_or_enqueue("u", Signal("late", {"k": "u", "n": "late"}), TTL)
+    grant = provider.transfer_to_next(
+        "u",
+        "first",
+        TTL,
+        claim=False,
+    )
+    assert grant is not None and grant.id == "late" and grant.attempts == 0
+    for _ in range(2):  # [D1] the sweeper adopts it, unclaimed; its envelope is late again
+        let_leases_expire(provider, ("u", "late"))
+        (adopted,) = provider.adopt_orphans(TTL, 10)
+        assert adopted[1].id == "late" and adopted[1].attempts == 0
+        grant = adopted[1]
+    let_leases_expire(provider, ("u", "late"))
+    assert grant.token is not None
+    envelope = Envelope("u", grant.id, grant.token, grant.payload).to_event()
+    handler(envelope, LambdaContext())  # [C4] the third late envelope: it runs, uncharged
+    assert ran == ["late"]
+    state = provider.inspect_key("u")
+    assert not state.dead_letters and state.owner is None and not state.queued
+
+
 # -- C4: an envelope retried after its receiver died ---------------------------------------------
 
 

@@ -426,6 +426,24 @@ def test_burst_of_50_messages_from_8_processes(pool: Pool) -> None:
     assert all("leaseguard_handoff" in event for event in pool.fake_lambda.invocations)
 
 
+def test_a_drain_batch_of_4_drops_no_message(pool: Pool) -> None:
+    """Issue 23 finding 2: with LEASEGUARD_DRAIN_BATCH=4 every batch item dedupes on its own
+    id (``current_lease().owner``), so the store refuses none of them as a duplicate."""
+    pool.environ = {**pool.environ, "LEASEGUARD_DRAIN_BATCH": "4"}
+    pool.start(4)
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+    jobs = [
+        pool.submit(n % 4, "worker", async_event(thread, f"m{n:02d}"), LONG_TIMEOUT_MS)
+        for n in range(24)
+    ]
+    results = [pool.result(job) for job in jobs]
+    pool.wait_quiet(thread)
+    assert [r for r in results if r[1] != "ok"] == []
+    log = pool.log(thread)
+    assert sorted(entry["text"] for entry in log) == [f"m{n:02d}" for n in range(24)]
+    _assert_fenced(log)
+
+
 def test_owner_hands_the_thread_on_by_async_invoke(pool: Pool) -> None:
     """An owner whose deadline is too close to run more hands the thread to the next queued
     message by an async Invoke of its own function; the invocation that receives the envelope

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from leaseguard.errors import LeaseBackendError, LeaseLostError
 from leaseguard.events import rebuild_like
-from leaseguard.renewal import LeaseHandle, LeaseRenewer
+from leaseguard.renewal import ItemLease, LeaseHandle, LeaseRenewer
 from leaseguard.types import Signal, now_ms
 
 from .failures import UnfinishedRuns, describe
@@ -100,7 +100,9 @@ def drain(
                 outcome = Outcome(error=error)
             else:
                 started = invocation.clock()
-                outcome = yield Run(rebuild_like(invocation.event, signal.payload), handle)
+                # current_lease() names the item (its id as owner), under the owner's grant
+                item = ItemLease(handle, signal)
+                outcome = yield Run(rebuild_like(invocation.event, signal.payload), item)
                 held_ms = (invocation.clock() - started) * 1000
                 drained.longest_ms = max(drained.longest_ms, held_ms)
                 telemetry.timing("LeaseHoldMs", held_ms)

@@ -106,6 +106,8 @@ class Client(Invariants):
         adv = self.advanced(a)
         for sid in adv.started:
             self.start(w, a.key, sid)
+        if adv.misnamed and w.violation is None:
+            w.violation = f"(m) the run of {adv.misnamed[0]}"
         for envelope in adv.envelopes:
             self.deliver_later(w, ("env", envelope.key, envelope.owner, str(envelope.token)))
         wait = adv.wait

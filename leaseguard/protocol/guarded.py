@@ -116,6 +116,7 @@ class Advance:
     started: tuple[str, ...]  # handler runs that began (the handler was called)
     envelopes: tuple[Envelope, ...]  # envelopes dispatched
     held: tuple[str, ...]  # what the actor answers for now: its grant's runs and takes
+    misnamed: tuple[str, ...] = ()  # runs whose current_lease() named another signal (m)
 
 
 class ActorSpec(NamedTuple):
@@ -154,6 +155,7 @@ class _Replay:
         self.handle: LeaseHandle | None = None
         self.held: list[str] = []
         self.renewer: ExplorerRenewer | None = None
+        self.misnamed: list[str] = []
 
     @property
     def fresh(self) -> bool:
@@ -306,18 +308,28 @@ class GuardDriver:
             wait = suspended.wait
         except Exception as exc:
             wait = Finished(exc)
-        return Advance(wait, tuple(replay.started), tuple(replay.envelopes), tuple(replay.held))
+        return Advance(
+            wait,
+            tuple(replay.started),
+            tuple(replay.envelopes),
+            tuple(replay.held),
+            tuple(replay.misnamed),
+        )
 
     def _handler(self, event: Any, context: Any) -> str:
         """The user's handler, as the search makes it behave."""
         replay = self.replay
         handle = current_lease()
         sid = str(event["id"])
-        if handle is not replay.handle:  # a new grant: what the last one held was reported
-            replay.handle, replay.held = handle, []
+        last = replay.handle
+        if last is None or (last.grant_owner, last.token) != (handle.grant_owner, handle.token):
+            replay.held = []  # a new grant: what the last one held was reported
+        replay.handle = handle
         replay.held.append(sid)
         if replay.fresh:
             replay.started.append(sid)
+            if handle.owner != sid:  # the id a downstream write dedupes on (docs/safety.md)
+                replay.misnamed.append(f"{sid} (current_lease().owner is {handle.owner})")
         ids, takes, renews = [sid], 0, 0
         while True:
             act = replay.next_input("act", partial(RunWait, sid, handle, tuple(ids), takes, renews))
@@ -334,8 +346,9 @@ class GuardDriver:
                 replay.held += [s.id for s in taken]
             elif act == "renew":
                 renews += 1
-                assert replay.renewer is not None
-                replay.renewer._renew_once(handle)
+                renewer = replay.renewer
+                if renewer is not None and renewer.handle is not None:  # the grant it follows
+                    renewer._renew_once(renewer.handle)
             elif act == "raise":
                 raise HandlerFailure(f"the handler failed on {sid}")
             else:

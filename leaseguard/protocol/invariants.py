@@ -95,10 +95,10 @@ class Invariants(ExplorerBase):
     def check_lost_reply(self, w: World, a: Actor, call: Call, handle: LeaseHandle) -> None:
         """(f): ``transfer_to_next`` answered lost to a run that still held its lease."""
         held = call.sent_at / TICK_MS < handle.valid_until and handle.lost_reason is None
-        held = held and handle.owner not in w.book.evicted
+        held = held and handle.grant_owner not in w.book.evicted
         if held and w.violation is None:
             w.violation = (
-                f"(f) {a.aid} held its lease on {handle.owner} but transfer_to_next said lost"
+                f"(f) {a.aid} held its lease on {handle.grant_owner} but transfer_to_next said lost"
             )
 
     def check_resend(self, w: World, a: Actor, call: Call, reply: Any) -> None:
@@ -135,12 +135,13 @@ class Invariants(ExplorerBase):
                 if w.now / TICK_MS < wait.handle.valid_until:
                     believers.append((a, wait.handle))
             if len(believers) > 1:
-                names = ", ".join(f"{a.aid} on {h.owner}" for a, h in believers)
+                names = ", ".join(f"{a.aid} on {h.grant_owner}" for a, h in believers)
                 return f"(a) two runs believe they hold {key}: {names}"
             for a, handle in believers:
-                if rec.owner != handle.owner or rec.token != handle.token or rec.expires <= w.now:
+                owner = handle.grant_owner
+                if rec.owner != owner or rec.token != handle.token or rec.expires <= w.now:
                     return (
-                        f"(a) {a.aid} believes it holds {key} as {handle.owner}@{handle.token}, "
+                        f"(a) {a.aid} believes it holds {key} as {owner}@{handle.token}, "
                         f"the backend says {rec.owner}@{rec.token}"
                     )
             if rec.owner is None and rec.expires == 0 and rec.queue and not rec.halted:

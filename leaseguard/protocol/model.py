@@ -120,10 +120,14 @@ class ProtocolModel(OperatorSteps):
 
     def requeue_in_flight(self, rec: KeyRecord) -> None:
         """[G5] A dead owner's in-flight signals go back to the head of the queue, in order,
-        each with one more attempt: a run that never finished counts (a handler that crashes
-        its process every time is dead-lettered like one that raises, see the guard)."""
+        each with one more attempt when a run of it started and never finished (a handler
+        that crashes its process every time is dead-lettered like one that raises, see the
+        guard). An unclaimed grant's signal (``c`` false: its envelope never claimed it)
+        never started: it keeps its count."""
+        unstarted = rec.in_flight[0] if rec.in_flight and not rec.claimed else None
         for sid in rec.in_flight:
-            rec.stored[sid].attempts += 1
+            if sid != unstarted:
+                rec.stored[sid].attempts += 1
         rec.queue[0:0] = rec.in_flight
         rec.in_flight = []
 

@@ -372,6 +372,11 @@ MUTANTS: tuple[Mutant, ...] = (
         family="renewals",
     ),
     Mutant("done-forgets-newest", DoneForgetsNewest, family="memory"),
+    Mutant(
+        "guard-batch-item-runs-as-its-owner",
+        family="drain",
+        source=SourceChange(DRAIN, "item = ItemLease(handle, signal)", "item = handle"),
+    ),
     Mutant("bound-ignored", BoundIgnored, family="queue"),
     Mutant("halt-ignored", HaltIgnored, family="queue"),
     Mutant("redrive-drops", RedriveDrops, family="queue"),

@@ -157,7 +157,7 @@ def _make_handler(
                 "run": run,
                 "event": event["id"],
                 "key": event["key"],
-                "owner": lease.owner,
+                "owner": lease.grant_owner,  # the grant (a batch item runs under its owner's)
                 "token": lease.token,
                 "t": time.monotonic_ns(),
                 "inv": inv,

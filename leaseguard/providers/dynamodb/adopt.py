@@ -82,7 +82,7 @@ def grant_orphan(
     rest_ids, rest_refs = ids[head_at + 1 :], refs[head_at + 1 :]
     token = lease.token + 1 if lease.token is not None else now * 1000 + 1
     attempts = {sid: n for sid, n in {**lease.attempts, **resumed}.items() if sid in ids[head_at:]}
-    for sid in lease.in_flight:  # [G5] a run that never finished counts
+    for sid in lease.started():  # [G5] a run that started and never finished counts
         if sid in ids[head_at:]:
             attempts[sid] = attempts.get(sid, 0) + 1
     values.update(

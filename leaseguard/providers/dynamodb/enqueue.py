@@ -372,7 +372,7 @@ def _requeue_halted(
         refs.append(extra[1])
         if resume:
             attempts[extra[0]] = resume
-    for sid in lease.in_flight:
+    for sid in lease.started():  # [G5] only runs that started count
         attempts[sid] = attempts.get(sid, 0) + 1
     values: dict[str, object] = {}
     condition = lease.pinned(REQUEUE_HALTED_CONDITION, values)

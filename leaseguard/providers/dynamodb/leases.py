@@ -97,7 +97,7 @@ def _take_over_in_flight(
     values: dict[str, object] = {}
     condition = lease.pinned(TAKE_OVER_CONDITION, values)
     attempts = dict(lease.attempts)
-    for sid in lease.in_flight:
+    for sid in lease.started():  # [G5] only runs that started count
         attempts[sid] = attempts.get(sid, 0) + 1
     values.update(
         {

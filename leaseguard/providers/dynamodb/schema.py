@@ -184,6 +184,7 @@ class Lease:
     redrive_at: int = 0
     size: int = 0
     done_size: int = 0
+    unclaimed: bool = False  # ``c`` written false: a hand-off or adoption nobody claimed yet
 
     @classmethod
     def parse(cls, item: Mapping[str, Any] | None) -> Lease:
@@ -219,7 +220,14 @@ class Lease:
             redrive_at=number_of(item, "ra") or 0,
             size=item_bytes(item),
             done_size=value_bytes(done) if done else 0,
+            unclaimed=claimed is not None and not claimed["BOOL"],
         )
+
+    def started(self) -> tuple[str, ...]:
+        """[G5] The in-flight ids a run of which started: all but an unclaimed grant's own
+        signal (first in flight), whose envelope never claimed it. The item keeps ``c`` after
+        the deadline passed, so a requeue reads it from the dead owner's grant."""
+        return self.in_flight[1:] if self.unclaimed else self.in_flight
 
     def live_owner(self, owner: str, now: int) -> bool:
         """``owner`` holds the lease by its own clock (what owner-side steps require)."""

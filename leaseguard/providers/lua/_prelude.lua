@@ -22,7 +22,9 @@
 --   KEYS[9] dead      hash id -> JSON {n=order, r=stored signal, a=attempts, e=error, at=ms}:
 --                           the key's dead letters [G6]; n runs 1..HLEN in the order they died
 --   KEYS[10] state    hash {h='1' while halted [G6] (until a redrive [V1]), g=the token of the
---                           grant whose signals are in flight}: kept apart from the lease hash,
+--                           grant whose signals are in flight, u='1' while the first in-flight
+--                           id is an unclaimed grant's [G5]: it never started, so a requeue
+--                           keeps its count}: kept apart from the lease hash,
 --                           which expires with the owner's lease (the model keeps h and t then;
 --                           [C4] needs the expired grant's token). Gone when empty.
 --   KEYS[11] deadidx  zset of user keys that hold dead letters (all scores 0), for
@@ -116,6 +118,13 @@ local function grant(owner, ttl, claimed, previous, previous_token, last, nonce,
     redis.call('HDEL', lease, 'k', 'kn')
   end
   redis.call('PEXPIRE', lease, ttl)
+  -- [G5] u: this grant's signal (the first in flight, grant_head) is unclaimed until C1.
+  -- The lease hash (and its c) expires with the owner; the requeue reads u after that.
+  if claimed == '0' then
+    redis.call('HSET', state, 'u', '1')
+  else
+    redis.call('HDEL', state, 'u')
+  end
   if previous then
     redis.call('HSET', donetok, '', previous_token .. ':' .. previous)
     redis.call('PEXPIRE', donetok, RELEASED_MEMORY_MS) -- never shorter than the done memory's
@@ -157,7 +166,7 @@ local function sync_index()
   else
     redis.call('ZREM', index, member)
     if not work then
-      redis.call('HDEL', state, 'g') -- nothing in flight: no grant token to remember
+      redis.call('HDEL', state, 'g', 'u') -- nothing in flight: no grant to remember
     end
   end
 end
@@ -213,14 +222,19 @@ local function granted(id, owner, token)
 end
 
 -- [G5] A dead owner's in-flight signals go back to the head of the queue, in order, each with
--- one more attempt (a run that never finished counts).
+-- one more attempt when a run of it started (a run that never finished counts); the first one
+-- of an unclaimed grant (u) never started and keeps its count.
 local function requeue_inflight()
   local ids = redis.call('LRANGE', inflight, 0, -1)
+  local unstarted = redis.call('HGET', state, 'u') == '1' and ids[1] or nil
   for i = #ids, 1, -1 do
-    redis.call('HINCRBY', attempts, ids[i], 1)
+    if ids[i] ~= unstarted then
+      redis.call('HINCRBY', attempts, ids[i], 1)
+    end
     redis.call('LPUSH', queue, ids[i])
   end
   redis.call('DEL', inflight)
+  redis.call('HDEL', state, 'u')
 end
 
 -- [G2] Completed ids older than the dedupe window are forgotten: a read ignores an old entry

@@ -34,5 +34,6 @@ if cur[3] == '1' then
   return {0} -- [C2] claimed before by another call (a duplicate envelope)
 end
 redis.call('HSET', lease, 'c', '1', 'w', nonce) -- [C1]
+redis.call('HDEL', state, 'u') -- [G5] started: a requeue now counts it
 redis.call('PEXPIRE', lease, ttl)
 return {1, stored, attempts_of(owner), cur[2]}

@@ -109,7 +109,7 @@ if ids and #ids < CHUNK then
     redis.call('PEXPIRE', lease, RELEASED_MEMORY_MS)
     redis.call('ZREM', index, member) -- nothing in flight; nothing queued, or halted
     if not halted or redis.call('LLEN', queue) == 0 then
-      redis.call('HDEL', state, 'g')
+      redis.call('HDEL', state, 'g', 'u')
     end
     return {2}
   end
@@ -122,7 +122,13 @@ if ids and #ids < CHUNK then
     redis.call('HDEL', lease, 'k', 'kn')
   end
   redis.call('PEXPIRE', lease, ttl)
-  redis.call('HSET', state, 'g', granted)
+  -- g, and [G5] u while the head's grant is unclaimed (grant() in the prelude, the same)
+  if claimed == '0' then
+    redis.call('HSET', state, 'g', granted, 'u', '1')
+  else
+    redis.call('HSET', state, 'g', granted)
+    redis.call('HDEL', state, 'u')
+  end
   redis.call('ZADD', index, string.format('%.0f', now + tonumber(ttl)), member)
   local stored = redis.call('HGET', sigs, head)
   return {1, head, granted, stored, head_tries or redis.call('HGET', attempts, head) or '0'}
