@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from leaseguard.errors import LeaseBackendError, LeaseLostError
 from leaseguard.events import rebuild_like
-from leaseguard.renewal import ItemLease, LeaseHandle, LeaseRenewer
+from leaseguard.renewal import LeaseHandle, LeaseRenewer
 from leaseguard.types import Signal, now_ms
 
 from .failures import UnfinishedRuns, describe
@@ -130,3 +130,94 @@ def drain(
         handle.ahead = []
         renewer.pause()
     return drained
+
+
+class ItemLease(LeaseHandle):
+    """What ``current_lease()`` answers while one item of a batch drain runs: the item's own id
+    as :attr:`owner` (so downstream writes deduplicated on ``current_lease().owner`` name the
+    event that runs, as in every other mode), with the batch owner's grant behind it.
+
+    The item runs under the batch owner's grant: :attr:`token` is that grant's token (the one a
+    fenced write may use), renewals keep going under it, and :attr:`lost`, :meth:`check`,
+    :meth:`take_signals` all act on it. :attr:`batch_owner` names the grant's owner.
+    """
+
+    def __init__(self, batch: LeaseHandle, item: Signal) -> None:
+        # No super().__init__: every piece of state is the batch handle's, read through.
+        self.batch = batch
+        self.provider = batch.provider
+        self.key = batch.key
+        self.owner = item.id
+        self.batch_owner = batch.owner
+        self.ttl_ms = batch.ttl_ms
+        self.clock = batch.clock
+        self._on_lost = None
+        self._lock = batch._lock
+
+    @property
+    def token(self) -> int | None:
+        return self.batch.token
+
+    @token.setter
+    def token(self, value: int | None) -> None:
+        self.batch.token = value
+
+    @property
+    def lost_reason(self) -> str | None:
+        return self.batch.lost_reason
+
+    @lost_reason.setter
+    def lost_reason(self, value: str | None) -> None:
+        self.batch.lost_reason = value
+
+    @property
+    def taken(self) -> list[Signal]:
+        return self.batch.taken
+
+    @taken.setter
+    def taken(self, value: list[Signal]) -> None:
+        self.batch.taken = value
+
+    @property
+    def ahead(self) -> list[Signal]:
+        return self.batch.ahead
+
+    @ahead.setter
+    def ahead(self, value: list[Signal]) -> None:
+        self.batch.ahead = value
+
+    @property
+    def take_failed(self) -> bool:
+        return self.batch.take_failed
+
+    @take_failed.setter
+    def take_failed(self, value: bool) -> None:
+        self.batch.take_failed = value
+
+    @property
+    def grant_owner(self) -> str:
+        return self.batch.owner
+
+    @property
+    def lost(self) -> bool:
+        return self.batch.lost
+
+    @property
+    def valid_until(self) -> float:
+        return self.batch.valid_until
+
+    @property
+    def remaining_ms(self) -> int:
+        return self.batch.remaining_ms
+
+    def settle(self) -> bool:
+        return self.batch.settle()
+
+    def take_signals(self, limit: int = 10) -> list[Signal]:
+        return self.batch.take_signals(limit)
+
+    def renewed(self, sent_at: float) -> None:
+        self.batch.renewed(sent_at)
+
+    def mark_lost(self, reason: str) -> None:
+        self.batch.mark_lost(reason)
