@@ -124,7 +124,7 @@ class Client(Invariants):
         if isinstance(wait, CallWait):
             nonce = f"n{a.serial}.{len(a.script)}"
             reply = self.apply_call(w, a, wait.op, wait.apply, nonce)
-            call = Call(wait.op, wait.args, nonce, w.now, reply, reply, False, wait.apply)
+            call = Call(wait.op, wait.args, nonce, w.now, reply, reply, False, wait.apply).heard()
             self.replace_actor(w, n, a._replace(call=call))
             yield f"{label}; {a.aid} {wait.op}{_args(wait.args)}", w
             return
@@ -202,7 +202,8 @@ class Client(Invariants):
             self.fault(nw)
             reply = self.apply_call(nw, a, call.op, call.apply, call.nonce)
             self.check_resend(nw, a, call, reply)
-            self.replace_actor(nw, n, a._replace(call=call._replace(reply=reply, resent=True)))
+            resent = call._replace(reply=reply, resent=True).heard()
+            self.replace_actor(nw, n, a._replace(call=resent))
             yield f"FAULT {a.aid}'s reply of {call.op} is lost; resent: {show(reply)}", nw
         nw = w.copy()
         self.fault(nw)

@@ -30,6 +30,12 @@ class Call(NamedTuple):
     reply: Any  # the reply the caller will see
     resent: bool
     apply: Any = None  # the step, (record, now, nonce) -> reply: not part of the state
+    hashed: tuple[Any, ...] = ()  # op, args, first and reply as dictionary keys (see heard)
+
+    def heard(self) -> Call:
+        """This call with :attr:`hashed` filled in (once per reply it will deliver)."""
+        parts = (self.op, hashable(self.args), hashable(self.first), hashable(self.reply))
+        return self._replace(hashed=(*parts, self.resent))
 
 
 class Actor(NamedTuple):
@@ -168,14 +174,10 @@ def _canon_actor(a: Actor, now: int, ttl: int, base: int, until: int | None) -> 
     the explorer's deadlines (none, or already past) decide alone. Tokens are relative to the
     key's."""
     spec, call = a.spec, a.call
-    canon_call = call and (
-        call.op,
-        _rel(call.args, base),
-        max(call.sent_at - now, -ttl - 1) if call.op in _LEASE_CLOCK_OPS else 0,
-        _rel(call.first, base),
-        _rel(call.reply, base),
-        call.resent,
-    )
+    canon_call: tuple[Any, ...] | None = None
+    if call is not None:
+        sent = max(call.sent_at - now, -ttl - 1) if call.op in _LEASE_CLOCK_OPS else 0
+        canon_call = (_canon_call(call.hashed, base), sent)
     script = _canon_script(a.trail, base)
     token = None if spec.token is None else spec.token - base
     return (a.aid, spec.kind, spec.owner, token, script, until, canon_call)
@@ -189,6 +191,11 @@ def _canon_script(trail: tuple[Any, ...], base: int) -> tuple[Any, ...]:
         (kind, value if kind == "time_left" else _rel_hashed(value, base))
         for kind, _now, value in trail
     )
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _canon_call(hashed: tuple[Any, ...], base: int) -> tuple[Any, ...]:
+    return _rel_hashed(hashed, base)  # type: ignore[no-any-return]
 
 
 def _rel_hashed(value: Any, base: int) -> Any:
