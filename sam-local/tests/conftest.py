@@ -44,6 +44,7 @@ IMAGE = os.environ.get("SAM_LOCAL_IMAGE", "")
 BUILD_DIR = Path(os.environ.get("SAM_LOCAL_BUILD_DIR", ROOT / ".aws-sam" / "sam-local"))
 SAM = os.environ.get("SAM_LOCAL_SAM", str(ROOT / ".venv-sam" / "bin" / "sam"))
 RESULTS = Path(os.environ.get("SAM_LOCAL_RESULTS", BUILD_DIR / "results.jsonl"))
+RUN_DIR = Path(os.environ.get("SAM_LOCAL_RUN_DIR", BUILD_DIR / "run"))
 LEASEGUARD_CLI = str(Path(sys.executable).with_name("leaseguard"))
 
 
@@ -143,7 +144,11 @@ class App:
         else:
             backend = ["--dynamodb-endpoint", self.moto_url, "--table", LEASES]
         done = subprocess.run(
-            [LEASEGUARD_CLI, *args, *backend], capture_output=True, text=True, timeout=60
+            [LEASEGUARD_CLI, *args, *backend],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert done.returncode == 0, done.stderr + done.stdout
         return done.stdout
@@ -276,6 +281,7 @@ class App:
         started = time.monotonic()
         done = subprocess.run(
             [SAM, "local", "invoke", WORKER, "--event", str(event), *self.sam_args()],
+            check=False,
             capture_output=True,
             text=True,
             timeout=300,
@@ -306,7 +312,7 @@ class App:
 
 @pytest.fixture(scope="session", params=["redis", "dynamodb"])
 def app(request: pytest.FixtureRequest) -> Iterator[App]:
-    running = App(request.param, BUILD_DIR / "run" / request.param)
+    running = App(request.param, RUN_DIR / request.param)
     try:
         running.start()
         yield running

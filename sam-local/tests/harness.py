@@ -228,7 +228,9 @@ class Gate:
         self.server.server_close()
 
 
-REPORT = re.compile(r"REPORT RequestId: (\S+)\s+(?:Init Duration: ([\d.]+) ms\s+)?Duration: ([\d.]+)")
+REPORT = re.compile(
+    r"REPORT RequestId: (\S+)\s+(?:Init Duration: ([\d.]+) ms\s+)?Duration: ([\d.]+)"
+)
 
 
 def reports(log_text: str) -> list[tuple[str, float | None, float]]:

@@ -14,10 +14,10 @@ from harness import LEASE_TTL_MS, SWEEPER, reports
 
 from leaseguard.types import Signal
 
-# The owner's first append is held this long: with the functions' 30 s timeout and the guard's
-# 3 s handoff margin, the owner then has less time left than its run took, so the next queued
-# message must go to a new invocation (docs/protocol.md, the handoff placement).
-DEADLINE_HOLD_S = 17
+# How old the owner's run is when it finishes its last message: with the functions' 30 s
+# timeout and the guard's 3 s handoff margin, it then has less time left than its run took, so
+# the next queued message must go to a new invocation (the guard's HandoffPolicy).
+DEADLINE_PRESSURE_S = 18
 
 
 def forwarded(reply: tuple[int, dict[str, object]]) -> dict[str, object]:
@@ -37,7 +37,10 @@ def test_concurrent_messages_have_one_owner_and_run_once_in_arrival_order(app: A
     with ThreadPoolExecutor(8) as pool:
         owner = pool.submit(app.post, thread, {"text": first})
         hold.wait_arrived()  # the owner is inside its handler, holding the lease
-        waves: list[list[str]] = [[f"{thread} a{i}" for i in range(3)], [f"{thread} b{i}" for i in range(2)]]
+        waves: list[list[str]] = [
+            [f"{thread} a{i}" for i in range(3)],
+            [f"{thread} b{i}" for i in range(2)],
+        ]
         positions: dict[str, int] = {}
         for wave in waves:  # each wave's requests at once; the second after the first's replies
             replies = list(pool.map(lambda text: app.post(thread, {"text": text}), wave))
@@ -69,23 +72,28 @@ def test_handoff_goes_by_invoke_to_start_lambda_and_runs_in_a_new_container(app:
     assert app.gate is not None
     hold = app.gate.hold(first)
     provider = app.provider()
+    queued = [f"{thread} q{i:03d}" for i in range(102)]
+    # The owner's 100th message (its last: the worker runs at most MAX_MESSAGES_PER_RUN = 100
+    # per invocation) is held until the run is DEADLINE_PRESSURE_S old, however fast the
+    # backend drained the rest.
+    last_inline = app.gate.hold(queued[97])
     with ThreadPoolExecutor(2) as pool:
         owner = pool.submit(app.post, thread, {"text": first})
         hold.wait_arrived()
-        # The worker runs at most 100 messages per invocation (MAX_MESSAGES_PER_RUN): 102
-        # queued behind the owner leave some for the next owner. They are forwarded the way
-        # a forwarding invocation does it (acquire_or_enqueue), from here: 102 containers
+        started = time.monotonic()
+        # 102 queued behind the owner leave some for the next owner. They are forwarded the
+        # way a forwarding invocation does it (acquire_or_enqueue), from here: 102 containers
         # would take minutes. One goes through start-api as well.
-        reply = app.post(thread, {"text": f"{thread} via-api"})
-        forwarded(reply)
-        queued = [f"{thread} q{i:03d}" for i in range(102)]
+        forwarded(app.post(thread, {"text": f"{thread} via-api"}))
         for text in queued:
             result = provider.acquire_or_enqueue(
                 thread, Signal(uuid.uuid4().hex, {"threadId": thread, "text": text}), LEASE_TTL_MS
             )
             assert not result.acquired, result
-        time.sleep(DEADLINE_HOLD_S)
         hold.release()
+        last_inline.wait_arrived()
+        time.sleep(max(0.0, started + DEADLINE_PRESSURE_S - time.monotonic()))
+        last_inline.release()
         status, body = owner.result(timeout=120)
     assert status == 200, body
     assert body["appended"] == 100, body
@@ -192,7 +200,13 @@ def container_at(address: str) -> str:
     ).stdout.split()
     for container in ids:
         ip = subprocess.run(
-            ["docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", container],
+            [
+                "docker",
+                "inspect",
+                "-f",
+                "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
+                container,
+            ],
             check=True,
             capture_output=True,
             text=True,
