@@ -156,6 +156,6 @@ sam-build: $(SAM_STAMP)
 # The SAM app end to end in Lambda containers, offline (docs/local.md): Docker from Debian's
 # packages and dockerd if absent, a python3.12 Lambda image built once, sam build for x86_64, and
 # sam-local/tests against sam local start-api and start-lambda on Redis and on moto. Not part of
-# make test (about N minutes); it stops, by pid, everything it starts.
+# make test (a fresh clone: about 9 minutes, the image build included); it stops, by pid, everything it starts.
 sam-local: $(SAM_STAMP) $(DEV_STAMP)
 	sam-local/run.sh $(BIN)/python $(SAM) "$(PYTHON312)"
