@@ -133,7 +133,7 @@ SAM_ENV := AWS_DEFAULT_REGION=us-east-1 SAM_CLI_TELEMETRY=0
 PYENV_DIR = $(or $(shell pyenv root 2>/dev/null),$(PYENV_ROOT),$(HOME)/.pyenv)
 PYTHON312 ?= $(or $(lastword $(sort $(wildcard $(PYENV_DIR)/versions/3.12.*/bin/python3.12))),$(shell command -v python3.12 2>/dev/null))
 
-.PHONY: sam-validate sam-build
+.PHONY: sam-validate sam-build sam-local
 
 $(SAM_STAMP):
 	$(call new_venv,$(SAM_VENV))
@@ -158,3 +158,10 @@ sam-build: $(SAM_STAMP)
 	cd .aws-sam/build/SweeperFunction && $(SAM_ENV) PYTHONPATH=../LeaseguardLayer/python \
 		WORKER_FUNCTION_NAME=w $(PYTHON312) -c 'import app, leaseguard.providers.dynamodb'
 	test -f .aws-sam/build/LeaseguardLayer/python/leaseguard/providers/lua/acquire_or_enqueue.lua
+
+# The SAM app end to end in Lambda containers, offline (docs/local.md): Docker from Debian's
+# packages and dockerd if absent, a python3.12 Lambda image built once, sam build for x86_64, and
+# sam-local/tests against sam local start-api and start-lambda on Redis and on moto. Not part of
+# make test (a fresh clone: about 9 minutes, the image build included); it stops, by pid, everything it starts.
+sam-local: $(SAM_STAMP) $(DEV_STAMP)
+	sam-local/run.sh $(BIN)/python $(SAM) "$(PYTHON312)"

@@ -423,7 +423,10 @@ def test_the_api_route_throttling_and_authorization(template: dict[str, Any]) ->
     auth = template["Parameters"]["ApiAuth"]
     assert auth["Default"] == "NONE" and auth["AllowedValues"] == ["NONE", "AWS_IAM"]
     integration = resources["PostMessageIntegration"]["Properties"]
-    assert integration["IntegrationUri"] == {"Fn::GetAtt": ["ThreadWorkerFunction", "Arn"]}
+    assert integration["IntegrationUri"] == {
+        "Fn::Sub": "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}"
+        ":function:${ThreadWorkerFunction}"
+    }
     assert integration["PayloadFormatVersion"] == "2.0"  # events/thread_worker/ is v2
     assert resources["ChatApi"]["Properties"]["ProtocolType"] == "HTTP"
     stage = resources["ChatApiStage"]["Properties"]
@@ -534,7 +537,8 @@ def test_the_lease_table_is_the_one_create_table_creates(template: dict[str, Any
 def test_globals_parameters_and_outputs(template: dict[str, Any]) -> None:
     function = template["Globals"]["Function"]
     assert function["Runtime"] == "python3.12"
-    assert function["Architectures"] == ["arm64"]
+    assert function["Architectures"] == [{"Ref": "Architecture"}]
+    assert parameters_default(template, "Architecture") == "arm64"
     assert function["Tracing"] == "Active"
     variables = function["Environment"]["Variables"]
     for name in ("POWERTOOLS_SERVICE_NAME", "POWERTOOLS_LOG_LEVEL", "POWERTOOLS_METRICS_NAMESPACE"):
@@ -554,9 +558,16 @@ def test_globals_parameters_and_outputs(template: dict[str, Any]) -> None:
         "LeaseTableName",
     }
     layer = template["Resources"]["LeaseguardLayer"]
-    assert layer["Metadata"] == {"BuildMethod": "python3.12", "BuildArchitecture": "arm64"}
+    architecture = {"Ref": "Architecture"}
+    assert layer["Metadata"] == {"BuildMethod": "python3.12", "BuildArchitecture": architecture}
+    assert layer["Properties"]["CompatibleArchitectures"] == [architecture]
+    assert template["Parameters"]["Architecture"]["AllowedValues"] == ["arm64", "x86_64"]
     requirements = (ROOT / layer["Properties"]["ContentUri"] / "requirements.txt").read_text()
     assert ".[dynamodb,redis,powertools]" in requirements.splitlines()
+
+
+def parameters_default(template: dict[str, Any], name: str) -> Any:
+    return template["Parameters"][name]["Default"]
 
 
 def test_samconfig(template: dict[str, Any]) -> None:
