@@ -712,7 +712,7 @@ MAX_PAYLOAD_BYTES = 850 * 1024
 SHAPES = _shapes()
 # How often each shape is drawn (the rest: the small ``{"v": n}``, or the nested one).
 SHAPE_P = {"inline-2": 2, "inline": 3, "inline+1": 3, "inline+40": 2, "lease-item": 3,
-           "item": 4, "split-1": 1, "split": 1, "split+1": 1, "split+30": 1, "3-items": 0.5,
+           "item": 4, "split-1": 1, "split": 1, "split+1": 2.5, "split+30": 2.5, "3-items": 1.5,
            "too-large": 1}  # fmt: skip
 NESTED_P = 0.15
 
