@@ -56,6 +56,9 @@ IDS = tuple(f"s{i}" for i in range(6))
 WORKERS = ("w0", "w1")  # plain lease owners (acquire_lease), next to signal ids
 MODEL_EPOCH_MS = 1_700_000_000_000
 FORGED_TOKEN = 1  # below every token a backend issues
+# DynamoDB's clock_skew_ms in the suite: a takeover there waits until ``e + skew < now``, so
+# ``expire`` jumps past the deadline by more than this (the model's own expiry needs nothing).
+DYNAMODB_SKEW_MS = 750
 
 
 class T(NamedTuple):
@@ -241,6 +244,7 @@ def _capture(fn: Callable[[], Any]) -> tuple[str, Any]:
 
 def model_side(name: str = "model", **options: Any) -> Side:
     clock = Clock(MODEL_EPOCH_MS)
+    options.setdefault("max_payload_bytes", MAX_PAYLOAD_BYTES)
     provider = InMemoryLeaseProvider(clock=clock, **options)
     return Side(name, provider, lambda ms: setattr(clock, "now", clock.now + ms))
 
@@ -263,7 +267,9 @@ def redis_side(client: Any, name: str = "redis") -> Side:
     from leaseguard.providers.redis import RedisLeaseProvider
     from leaseguard.providers.redis import provider as redis_provider_module
 
-    provider = RedisLeaseProvider(client, prefix=f"d{uuid.uuid4().hex[:10]}:")
+    provider = RedisLeaseProvider(
+        client, prefix=f"d{uuid.uuid4().hex[:10]}:", max_payload_bytes=MAX_PAYLOAD_BYTES
+    )
     hook = ResendingRedis(provider.execute)
     provider.execute = hook
     return Side(
@@ -359,20 +365,23 @@ def dynamodb_side(table: str, client: Any, name: str = "dynamodb", **options: An
 
     clock = Clock(time.time_ns() // 1_000_000)
     options.setdefault("orphan_shards", 2)  # adopt_orphans queries each shard: 8 is slow here
-    provider = DynamoDBLeaseProvider(table, client, clock=clock, clock_skew_ms=0, **options)
+    options.setdefault("clock_skew_ms", DYNAMODB_SKEW_MS)
+    options.setdefault("max_payload_bytes", MAX_PAYLOAD_BYTES)
+    provider = DynamoDBLeaseProvider(table, client, clock=clock, **options)
     provider.create_table()
     hook = client._make_api_call
     if not isinstance(hook, ResendingDynamoDB):
         hook = ResendingDynamoDB(client)
     advance = lambda ms: setattr(clock, "now", clock.now + ms)  # noqa: E731
-    # TTL 10 s, expiry by a 10 s jump: 25 jumps stay inside the 300 s dedupe window
+    # TTL 10 s, expiry by a jump past the deadline and the skew: 25 jumps stay inside the 300 s
+    # dedupe window
     return Side(
         name,
         provider,
         advance,
         hook,
         ttl=10_000,
-        jump_ms=10_002,
+        jump_ms=10_002 + options["clock_skew_ms"],
         storage=lambda key, want: dynamodb_storage(table, client, key, want),
         late_resends=False,
         late_requests=True,
@@ -454,7 +463,7 @@ def apply(side: Side, op: Op) -> tuple[str, Any]:
     calls: dict[str, Callable[[], Any]] = {
         "acquire_or_enqueue": lambda: p.acquire_or_enqueue(
             k,
-            Signal(kw["id"], {"v": kw["v"]}, enqueued_at_ms=1_000 + kw["v"]),
+            Signal(kw["id"], payload(kw), enqueued_at_ms=1_000 + kw["v"]),
             ttl,
             max_queue=kw.get("max_queue"),
         ),
@@ -467,7 +476,7 @@ def apply(side: Side, op: Op) -> tuple[str, Any]:
         "release_lease": lambda: p.release_lease(k, owner),
         "acquire_lease": lambda: p.acquire_lease(k, owner, ttl),
         "transfer_lease": lambda: p.transfer_lease(k, owner, kw["to"], ttl),
-        "adopt_orphans": lambda: p.adopt_orphans(ttl, 10, claim=kw["claim"]),
+        "adopt_orphans": lambda: p.adopt_orphans(ttl, kw.get("limit", 10), claim=kw["claim"]),
         "get_lease_owner": lambda: p.get_lease_owner(k),
         "pending_signals": lambda: p.pending_signals(k),
         "redrive": lambda: p.redrive(k, kw.get("ids")),
@@ -599,7 +608,10 @@ def draw_op(rng: random.Random, model: Side, keys: Sequence[str], weights: dict[
     )
     if name == "acquire_or_enqueue":
         bound = {"max_queue": rng.choice((1, 2, 3))} if rng.random() < 0.3 else {}
-        return Op(name, key, id=rng.choice(IDS), v=rng.randrange(100), resend=resend, **bound)
+        shape = draw_payload(rng)
+        return Op(
+            name, key, id=rng.choice(IDS), v=rng.randrange(100), resend=resend, **bound, **shape
+        )
     if name == "redrive":
         dead = [d.id for d in rec.dead]
         if dead and rng.random() < 0.5:
@@ -609,7 +621,10 @@ def draw_op(rng: random.Random, model: Side, keys: Sequence[str], weights: dict[
     if name == "dead_letter_keys":
         return Op(name, key)
     if name == "adopt_orphans":
-        return Op(name, key, claim=rng.random() < 0.5, resend=resend)
+        # Limits from 1: with one key any limit is exact; with two, which orphan a limit of 1
+        # adopts is each side's own order (its index), so two-key sequences draw 2 or 3.
+        limit = rng.randint(1, 3) if len(keys) == 1 else rng.randint(2, 3)
+        return Op(name, key, claim=rng.random() < 0.5, limit=limit, resend=resend)
     if name in ("get_lease_owner", "pending_signals"):
         return Op(name, key)
     if name == "expire":
@@ -629,12 +644,19 @@ def draw_op(rng: random.Random, model: Side, keys: Sequence[str], weights: dict[
         return Op(name, key, owner=owner, to=to, resend=resend)
     token = grant(owner, none_p=0.0 if name == "claim_signal" else 0.2)
     if name == "take_signals":
-        return Op(name, key, owner=owner, limit=rng.randint(1, 3), token=token, resend=resend)
+        return Op(
+            name,
+            key,
+            owner=owner,
+            limit=rng.randint(1, len(rec.queue) + 1),
+            token=token,
+            resend=resend,
+        )
     if name == "transfer_to_next":
         kw: dict[str, Any] = {"owner": owner, "claim": rng.random() < 0.6, "token": token}
         if rng.random() < 0.35:
             kw["failure"] = {
-                "error": "boom",
+                "error": rng.choice(ERRORS),
                 "requeue_owner": rng.random() < 0.6,
                 "max_attempts": rng.choice((1, 2, 3)),
                 "on_poison": "halt" if rng.random() < 0.3 else "skip",
@@ -653,6 +675,80 @@ def draw_op(rng: random.Random, model: Side, keys: Sequence[str], weights: dict[
 def who_new(rng: random.Random, holder: str | None) -> str:
     """acquire_lease's caller: mostly a plain worker, sometimes the holder again."""
     return holder if holder and rng.random() < 0.3 else rng.choice(WORKERS + IDS[:2])
+
+
+# -- payloads: every storage form on DynamoDB ----------------------------------------------------
+
+
+# A signal record is ``{"at":<ms>,"p":<payload>}``. On DynamoDB it goes inline on the lease item
+# while the item stays within INLINE_ITEM_BYTES (a blind grant: record + key + 2 ids + 296 bytes
+# reserved <= 1024, so about 720 bytes here), else on a payload item, split into items of
+# ITEM_RECORD_BYTES when larger (schema.py). Shapes name a record size by its distance to those
+# thresholds, so they stay right if the constants move; the text is multi-byte where a char
+# is given, so a split can fall inside a character.
+def _shapes() -> dict[str, tuple[int, str]]:
+    from leaseguard.providers.dynamodb.schema import INLINE_ITEM_BYTES, ITEM_RECORD_BYTES
+
+    inline = INLINE_ITEM_BYTES - 296 - 2 - 2 * 2  # grant_fits' edge for key "k0", ids "sN"
+    return {
+        "inline-2": (inline - 2, "a"),
+        "inline": (inline, "é"),
+        "inline+1": (inline + 1, "a"),
+        "inline+40": (inline + 40, "☃"),
+        "lease-item": (INLINE_ITEM_BYTES + 1, "a"),
+        "item": (20_000, "ü"),
+        "split-1": (ITEM_RECORD_BYTES - 1, "a"),
+        "split": (ITEM_RECORD_BYTES, "é"),
+        "split+1": (ITEM_RECORD_BYTES + 1, "a"),
+        "split+30": (ITEM_RECORD_BYTES + 30, "💥"),
+        "3-items": (2 * ITEM_RECORD_BYTES + 5, "€"),
+        "too-large": (MAX_PAYLOAD_BYTES + 100, "a"),  # PayloadTooLarge on every side
+    }
+
+
+# Every side's max_payload_bytes: just above a 3-item split payload, so that PayloadTooLarge
+# is reached without 6 MB payloads (the default).
+MAX_PAYLOAD_BYTES = 850 * 1024
+SHAPES = _shapes()
+# How often each shape is drawn (the rest: the small ``{"v": n}``, or the nested one).
+SHAPE_P = {"inline-2": 2, "inline": 3, "inline+1": 3, "inline+40": 2, "lease-item": 3,
+           "item": 4, "split-1": 1, "split": 1, "split+1": 2.5, "split+30": 2.5, "3-items": 1.5,
+           "too-large": 1}  # fmt: skip
+NESTED_P = 0.15
+
+
+def payload(kw: dict[str, Any]) -> Any:
+    """The payload of an ``acquire_or_enqueue`` op: ``{"v": v}``, a nested one (``nest``), or
+    one whose record is ``SHAPES[shape]`` bytes of UTF-8."""
+    value = kw["v"]
+    if kw.get("nest"):
+        return {"v": value, "n": {"ключ": [1, 2.5, None, True, {"深": "ü☃"}], "e": {}, "l": []}}
+    shape = kw.get("shape")
+    if shape is None:
+        return {"v": value}
+    size, char = SHAPES[shape]
+    empty = {"v": value, "s": ""}
+    from leaseguard.signals import encode_signal
+
+    base = len(encode_signal(Signal("x", empty, enqueued_at_ms=1_000 + value), 1 << 30).encode())
+    fill = size - base
+    width = len(char.encode("utf-8"))
+    return {"v": value, "s": "a" * (fill % width) + char * (fill // width)}
+
+
+def draw_payload(rng: random.Random) -> dict[str, Any]:
+    """``shape=`` or ``nest=`` for an op, or nothing (most draws: small payloads)."""
+    r = rng.random()
+    if r < NESTED_P:
+        return {"nest": True}
+    if r < NESTED_P + 0.25:
+        return {"shape": rng.choices(list(SHAPE_P), list(SHAPE_P.values()))[0]}
+    return {}
+
+
+# Error texts of failure reports: the backends store them as the provider's shared check cut
+# them (MAX_ERROR_CHARS, an empty one as "error", a lone surrogate replaced).
+ERRORS = ("boom", "", "ünïcødé ☃ 💥 深", "x" * 1_500, "é" * 1_001, "line\nbreak\ttab\r", "\ud800!")
 
 
 # -- sequences ----------------------------------------------------------------------------------
@@ -676,13 +772,18 @@ class Disagreement:
     def __str__(self) -> str:
         lines = [
             f"{self.backend} (seed {self.seed}) step {len(self.ops) - 1}: {self.what} differs",
-            f"  model:   {self.model!r}",
-            f"  backend: {self.got!r}",
+            f"  model:   {_cut(repr(self.model))}",
+            f"  backend: {_cut(repr(self.got))}",
             "  ops = [",
             *(f"      {op!r}," for op in self.ops),
             "  ]",
         ]
         return "\n".join(lines)
+
+
+def _cut(text: str, limit: int = 3_000) -> str:
+    """A reply's repr, shortened: a split payload's is 400 KB and more."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
 
 
 def run_sequence(
