@@ -321,7 +321,6 @@ class Mutant:
 FLOW = "leaseguard.guard.flow"
 DRAIN = "leaseguard.guard.drain"
 RESPONSES = "leaseguard.guard.responses"
-RENEWAL = "leaseguard.renewal"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("read-then-enqueue", ReadThenEnqueue, provider_class=ReadThenEnqueueProvider),
@@ -361,15 +360,6 @@ MUTANTS: tuple[Mutant, ...] = (
             "    if own_event:\n        raise outcome.error\n",
             "    if False:\n        raise outcome.error\n",
         ),
-    ),
-    Mutant(
-        "guard-refused-renewal-ignored",
-        source=SourceChange(
-            RENEWAL,
-            "        else:\n            handle.mark_lost(failure)\n",
-            "        else:\n            pass\n",
-        ),
-        family="renewals",
     ),
     Mutant("done-forgets-newest", DoneForgetsNewest, family="memory"),
     Mutant(
