@@ -96,12 +96,8 @@ class LeaseHandle:
         self.clock = clock
         self._valid_until = (clock() if sent_at is None else sent_at) + ttl_ms / 1000
         self.taken: list[Signal] = []
-        # Signals this grant already holds in flight that no run was given yet (the rest of a
-        # batch drain's take): older than anything still queued, so take_signals hands them
-        # out first, or a handler's take would run later events before them.
-        self.ahead: list[Signal] = []
         # A take_signals call that failed may have moved signals in flight that the handler
-        # never saw: the run then ends as failed, which retries them instead of completing.
+        # never saw: the run then ends as failed, and its report sends those back unrun.
         self.take_failed = False
 
     @property
@@ -146,11 +142,6 @@ class LeaseHandle:
     def take_signals(self, limit: int = 10) -> list[Signal]:
         """Drain up to ``limit`` follow-up signals queued for this key, oldest first. They are
         this owner's to handle: if it dies before finishing, they are delivered again."""
-        if self.ahead:  # inside a batch drain: its next signals come first (FIFO)
-            taken = self.ahead[:limit]
-            del self.ahead[:limit]
-            self.taken.extend(taken)
-            return taken
         try:
             taken = self.provider.take_signals(self.key, self.owner, limit, token=self.token)
         except LeaseLostError:

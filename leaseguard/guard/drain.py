@@ -1,13 +1,14 @@
 """The batch drain: an owner whose run succeeded runs what waits behind it under its own grant.
 
-Handing the lease to the next signal costs a ``transfer_to_next`` per signal, one round trip
-each, which caps a busy key at one event per round trip. Instead, after a run that succeeded,
-the owner takes up to ``drain_batch`` queued signals in one ``take_signals`` and runs them one
-by one under its grant, then reports them all in the ``transfer_to_next`` that follows. When
-every run succeeded that report is a plain success. When one fails, the ones before it are done
-and the ones after it never ran: the report is partial (docs/protocol.md, row G8), so the
-failed one is retried first (or dead-lettered), the rest keep their place and their counts, and
-nothing that succeeded runs again.
+Handing the lease to the next signal costs a ``transfer_to_next`` per signal: a new grant, a
+new token, a new handle each time. Instead, after a run that succeeded, the owner runs up to
+``drain_batch`` queued signals one by one under its grant and hands off once at the end. Each
+signal comes from a ``take_signals`` of one that also reports what succeeded since the last
+report (row K1's ``completed``), so the backend always knows which signal runs: an owner that
+dies mid-batch leaves behind only the signal it was running, charged one attempt (G5), and
+nothing that succeeded runs again. A failed run ends the batch: the ``transfer_to_next`` that
+follows reports it as a partial report (row G8), so it is retried first (or dead-lettered) and
+whatever a failed ``take_signals`` moved in flight unseen goes back with its attempts.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from leaseguard.errors import LeaseBackendError, LeaseLostError
+from leaseguard.errors import LeaseLostError
 from leaseguard.events import rebuild_like
 from leaseguard.renewal import LeaseHandle, LeaseRenewer
 from leaseguard.types import Signal, now_ms
@@ -33,11 +34,13 @@ if TYPE_CHECKING:
 class Drained:
     """What a drain ran, for the report of the ``transfer_to_next`` that follows it."""
 
-    completed: list[str]  # ran and succeeded: the owner, what it took, then the batch's
+    # Succeeded and not yet reported by a take, after the grant's owner (which the report
+    # always names: its done entry is marked succeeded only when the report lists it).
+    completed: list[str]
     failed: list[Signal] = field(default_factory=list)  # the failed run's signal and its takes
     error: BaseException | None = None
     dead: list[Signal] = field(default_factory=list)  # the failed ones the report dead-letters
-    cut: bool = False  # a taken signal may not have run: the report must be partial
+    cut: bool = False  # a take failed: it may have moved signals in flight unseen
     remote: bool = False  # stopped for the Lambda deadline: hand the rest off
     longest_ms: float = 0.0
     primary: Outcome | None = None  # the outcome of the invocation's primary signal, if run
@@ -59,57 +62,41 @@ def drain(
     primary: str,
     longest_ms: float,
 ) -> Generator[Run, Outcome, Drained]:
-    """Take and run one batch behind ``owner``, whose run (under ``handle``) succeeded."""
+    """Run up to ``drain_batch`` queued signals behind ``owner``, whose run (under ``handle``)
+    succeeded, taking each with the report of the one before."""
     options, telemetry = invocation.options, invocation.telemetry
-    drained = Drained([owner.id, *(s.id for s in handle.taken)], longest_ms=longest_ms)
-    try:
-        batch = invocation.guard.provider.take_signals(
-            key, owner.id, options.drain_batch, token=handle.token
-        )
-    except LeaseLostError:
-        handle.mark_lost("take_signals found the lease owned by someone else")
-        return drained
-    except Exception as exc:
-        # It may have moved signals in flight without this owner seeing them: they go back
-        # unrun with the report (G8).
-        telemetry.log(
-            logging.ERROR, "take_signals failed; what it took goes back", error=describe(exc)
-        )
-        drained.cut = True
-        return drained
-    if not batch:
-        return drained  # a plain success: nothing was queued
+    provider, policy = invocation.guard.provider, invocation.guard.policy
+    unreported = [s.id for s in handle.taken]
+    drained = Drained([owner.id, *unreported], longest_ms=longest_ms)
     renewer.follow(handle)  # the same grant: its next renewal stays due when it was
-    # A run's handler that calls take_signals gets the batch's next signals first (FIFO);
-    # whatever is left here when the drain stops never ran.
-    handle.ahead = list(batch)
-    policy, first = invocation.guard.policy, True
     try:
-        while handle.ahead:
-            if not first and policy.place_next(invocation.context, drained.longest_ms) == "remote":
-                drained.remote = True  # the rest is handed off: `ahead` keeps it (cut below)
+        for ran in range(options.drain_batch):
+            if ran and policy.place_next(invocation.context, drained.longest_ms) == "remote":
+                drained.remote = True
                 return drained
-            first = False
-            signal = handle.ahead.pop(0)
-            telemetry.timing("LeaseWaitMs", now_ms() - signal.enqueued_at_ms)
-            mark = len(handle.taken)
-            if signal.attempts >= options.max_attempts:
-                error: BaseException | None = UnfinishedRuns(
-                    f"{signal.attempts} earlier runs did not finish (crash, timeout or lost lease)"
+            # A kwargs dict: completed= is not part of the QueueProvider protocol, only of the
+            # providers with partial_reports (the flow drains only with those).
+            progress: dict[str, Any] = {"token": handle.token, "completed": drained.completed}
+            try:
+                batch = provider.take_signals(key, owner.id, 1, **progress)
+            except LeaseLostError:
+                handle.mark_lost("take_signals found the lease owned by someone else")
+                return drained
+            except Exception as exc:
+                # It may have moved a signal in flight unseen: it goes back unrun with the
+                # report (G8), which names again what this take may not have reported.
+                telemetry.log(
+                    logging.ERROR,
+                    "take_signals failed; what it took goes back",
+                    error=describe(exc),
                 )
-                outcome = Outcome(error=error)
-            else:
-                started = invocation.clock()
-                # current_lease() names the item (its id as owner), under the owner's grant
-                item = ItemLease(handle, signal)
-                outcome = yield Run(rebuild_like(invocation.event, signal.payload), item)
-                held_ms = (invocation.clock() - started) * 1000
-                drained.longest_ms = max(drained.longest_ms, held_ms)
-                telemetry.timing("LeaseHoldMs", held_ms)
-                error = outcome.error
-                if error is None and handle.take_failed:
-                    error = LeaseBackendError("take_signals failed during the run")
-            took = handle.taken[mark:]
+                drained.cut = True
+                return drained
+            drained.completed = [owner.id]  # the take reported the rest: they are done
+            if not batch:
+                return drained
+            signal = batch[0]
+            outcome, error, took = yield from _run_item(invocation, handle, signal, drained)
             if primary in (signal.id, *(s.id for s in took)):
                 drained.primary = Outcome(error=error) if error else outcome
             if error is not None:
@@ -123,13 +110,37 @@ def drain(
                 ]
                 return drained
             drained.completed += [signal.id, *(s.id for s in took)]
-            if handle.settle():
-                return drained  # lost: the caller hands nothing off
+            if handle.settle() or drained.cut:
+                return drained  # lost (the caller hands nothing off), or cut by a failed take
     finally:
-        drained.cut = drained.cut or bool(handle.ahead)
-        handle.ahead = []
         renewer.pause()
     return drained
+
+
+def _run_item(
+    invocation: Invocation, handle: LeaseHandle, signal: Signal, drained: Drained
+) -> Generator[Run, Outcome, tuple[Outcome, BaseException | None, list[Signal]]]:
+    """Run one taken signal under the batch's grant: its outcome, its error (the handler's, or
+    a failed take of its own) and the signals its handler took."""
+    options, telemetry = invocation.options, invocation.telemetry
+    telemetry.timing("LeaseWaitMs", now_ms() - signal.enqueued_at_ms)
+    mark = len(handle.taken)
+    if signal.attempts >= options.max_attempts:
+        error: BaseException | None = UnfinishedRuns(
+            f"{signal.attempts} earlier runs did not finish (crash, timeout or lost lease)"
+        )
+        return Outcome(error=error), error, []
+    started = invocation.clock()
+    # current_lease() names the item (its id as owner), under the owner's grant
+    outcome = yield Run(rebuild_like(invocation.event, signal.payload), ItemLease(handle, signal))
+    held_ms = (invocation.clock() - started) * 1000
+    drained.longest_ms = max(drained.longest_ms, held_ms)
+    telemetry.timing("LeaseHoldMs", held_ms)
+    if handle.take_failed:
+        # What that take moved in flight unseen is older than anything still queued: the
+        # batch stops here and the partial report sends it back unrun (G8).
+        drained.cut = True
+    return outcome, outcome.error, handle.taken[mark:]
 
 
 class ItemLease(LeaseHandle):
@@ -177,14 +188,6 @@ class ItemLease(LeaseHandle):
     @taken.setter
     def taken(self, value: list[Signal]) -> None:
         self.batch.taken = value
-
-    @property
-    def ahead(self) -> list[Signal]:
-        return self.batch.ahead
-
-    @ahead.setter
-    def ahead(self, value: list[Signal]) -> None:
-        self.batch.ahead = value
 
     @property
     def take_failed(self) -> bool:

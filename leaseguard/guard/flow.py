@@ -203,7 +203,11 @@ class Invocation:
             if is_primary:
                 primary_outcome = outcome
             error = outcome.error
-            if error is None and handle.take_failed:
+            # A take that failed may have moved signals in flight that the handler never saw.
+            # A partial report (G8) sends them back unrun and lets the run's own result stand;
+            # without partial reports the run ends as failed, so they are retried, not completed.
+            unseen = handle.take_failed
+            if error is None and unseen and not self._partial_reports():
                 error = LeaseBackendError("take_signals failed during the run")
             dead: list[Signal] = []
             if error is not None:
@@ -219,7 +223,8 @@ class Invocation:
                     primary_outcome = Outcome(error=error)
             remote = not handle.settle() and self.place_next(longest_ms) == "remote"
             drained: Drained | None = None
-            if error is None and handed and not remote and not handle.lost and self._drains():
+            drains = handed and not remote and not handle.lost and not unseen and self._drains()
+            if error is None and drains:
                 drained = yield from drain(
                     self, key, current, handle, renewer, primary=primary, longest_ms=longest_ms
                 )
@@ -238,6 +243,9 @@ class Invocation:
                 )
                 break
             report: dict[str, Any] = drained.report() if drained is not None else {}
+            if drained is None and unseen and self._partial_reports():
+                ran = [current.id, *(s.id for s in handle.taken)]
+                report = {"completed": [], "failed": ran} if error else {"completed": ran}
             if error is not None:
                 report |= {
                     "error": describe(error),
@@ -270,8 +278,10 @@ class Invocation:
         that takes partial reports, and ``drain_batch`` set. Only a run that was handed the key
         inline takes a batch: a queue formed behind its owner, so the take will likely find
         some, whereas after an uncontended grant it would mostly be a wasted round trip."""
-        provider = self.guard.provider
-        return self.options.drain_batch > 0 and getattr(provider, "partial_reports", False)
+        return self.options.drain_batch > 0 and self._partial_reports()
+
+    def _partial_reports(self) -> bool:
+        return bool(getattr(self.guard.provider, "partial_reports", False))
 
     def place_next(self, longest_ms: float) -> str:
         placement = self.guard.policy.place_next(self.context, longest_ms)

@@ -106,6 +106,7 @@ class Client(Invariants):
         adv = self.advanced(a)
         for sid in adv.started:
             self.start(w, a.key, sid)
+        self.possessed(w, adv.possessed)
         if adv.misnamed and w.violation is None:
             w.violation = f"(m) the run of {adv.misnamed[0]}"
         for envelope in adv.envelopes:
@@ -141,7 +142,13 @@ class Client(Invariants):
         before = set(rec.stored)
         remembered = list(rec.done)
         grants = [(r.owner, r.token) for r in w.recs]
+        snapshot = self.attempts_snapshot(w, rec)
         reply = apply(rec, w.now, nonce)
+        self.count_attempts(w, rec, snapshot)
+        if op == "take_signals" and isinstance(reply, list):
+            self.taken_unseen(w, [s.id for s in reply])
+        if op in ("take_signals", "transfer_to_next") and not isinstance(reply, Lost):
+            self.reported(w, self.advanced(a).succeeded)
         self.check_forgetting(w, remembered, rec.done)
         if op in ("acquire_or_enqueue", "enqueue") and a.event is not None:
             self.check_queue_bound(w, a.event, a.event in before, reply)
@@ -177,6 +184,11 @@ class Client(Invariants):
             self.fault(nw)
             self.excuse(nw, wait.ids)
             yield from self.act(nw, n, a, "raise", f"FAULT {name} handler raises on {wait.sid}")
+        if handle.take_failed:  # a take raised: the handler may let its error propagate
+            label = f"{name} handler lets the failed take's error propagate"
+            nw = w.copy()
+            self.excuse(nw, wait.ids)
+            yield from self.act(nw, n, a, "raise", label)
         if wait.takes < self.b.takes and not lost and rec.queue:
             yield from self.act(w.copy(), n, a, "take", f"{name} handler takes signals")
         # A renewal in the same tick as the grant or the last renewal changes nothing.
@@ -212,6 +224,8 @@ class Client(Invariants):
         yield from self.deliver(nw, n, a, call, GIVE_UP, label)
 
     def deliver(self, w: World, n: int, a: Actor, call: Call, value: Any, label: str) -> Moves:
+        if call.op == "take_signals" and isinstance(value, list):
+            self.taken_seen(w, [s.id for s in value])
         if call.op == "transfer_to_next" and isinstance(value, Lost):
             wait = self.advanced(a).wait
             if isinstance(wait, CallWait) and wait.handle is not None:

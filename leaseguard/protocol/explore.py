@@ -119,7 +119,10 @@ class Explorer(Client):
         for n, (key, nonce, moved) in enumerate(book.resends):
             nw = w.copy()
             nw.book = book._replace(resends=book.resends[:n] + book.resends[n + 1 :])
-            again = self.model.redrive(self.rec(nw, key), None, nw.now, nonce)
+            rec = self.rec(nw, key)
+            snapshot = self.attempts_snapshot(nw, rec)
+            again = self.model.redrive(rec, None, nw.now, nonce)
+            self.count_attempts(nw, rec, snapshot)
             if again != moved and nw.violation is None:
                 nw.violation = (
                     f"(h) the operator's resent redrive of {key} said {again}, not {moved}"
@@ -154,7 +157,10 @@ class Explorer(Client):
         nonce = f"op{w.book.redrives}"
         nw = w.copy()
         nw.book = w.book._replace(redrives=w.book.redrives + 1)
-        moved = self.model.redrive(self.rec(nw, key), None, nw.now, nonce)
+        rec = self.rec(nw, key)
+        snapshot = self.attempts_snapshot(nw, rec)
+        moved = self.model.redrive(rec, None, nw.now, nonce)
+        self.count_attempts(nw, rec, snapshot)
         yield f"operator redrives {key}: {moved} back at the head", nw
         lost = nw.copy()
         lost.book = lost.book._replace(resends=(*lost.book.resends, (key, nonce, moved)))
@@ -184,7 +190,7 @@ class Explorer(Client):
         while frontier:
             w, wkey = frontier.popleft()
             result.states += 1
-            problem = self.check(w) or (self.drain(w) if self.quiescent(w) else None)
+            problem = self.check(w) or (self.settled(w) if self.quiescent(w) else None)
             if problem:
                 result.violations += 1
                 result.message = problem

@@ -49,6 +49,7 @@ from leaseguard.handoff import Dispatcher, Envelope, dispatch_orphans
 from leaseguard.observability import Telemetry
 from leaseguard.providers.memory import InMemoryLeaseProvider, Step, T
 from leaseguard.renewal import LeaseHandle, LeaseRenewer, current_lease
+from leaseguard.types import Signal
 
 from .model import ProtocolModel
 
@@ -117,6 +118,10 @@ class Advance:
     envelopes: tuple[Envelope, ...]  # envelopes dispatched
     held: tuple[str, ...]  # what the actor answers for now: its grant's runs and takes
     misnamed: tuple[str, ...] = ()  # runs whose current_lease() named another signal (m)
+    # signals it was handed to run that the backend counts as started from a take (l): a batch
+    # item when its run began, what a handler's take_signals returned when it returned
+    possessed: tuple[str, ...] = ()
+    succeeded: tuple[str, ...] = ()  # every run of this actor whose handler returned, so far
 
 
 class ActorSpec(NamedTuple):
@@ -156,6 +161,8 @@ class _Replay:
         self.held: list[str] = []
         self.renewer: ExplorerRenewer | None = None
         self.misnamed: list[str] = []
+        self.possessed: list[str] = []
+        self.succeeded: list[str] = []
 
     @property
     def fresh(self) -> bool:
@@ -186,6 +193,21 @@ class ExplorerProvider(InMemoryLeaseProvider):
         if value == GIVE_UP:
             raise LeaseBackendError(f"{op}: no reply (the request applied; every retry timed out)")
         return value  # type: ignore[no-any-return]
+
+    def _take(
+        self,
+        key: str,
+        owner: str,
+        limit: int,
+        token: int | None = None,
+        completed: tuple[str, ...] = (),
+    ) -> list[Signal]:
+        taken = super()._take(key, owner, limit, token, completed)
+        # The reply says the report applied: what it named is done, so a crash from here on
+        # excuses no second run of it (d): it must never run again.
+        replay = self.driver.replay
+        replay.held = [sid for sid in replay.held if sid not in completed]
+        return taken
 
     def _orphan_keys(self) -> list[str]:
         return [self.driver.spec.key]
@@ -314,6 +336,8 @@ class GuardDriver:
             tuple(replay.envelopes),
             tuple(replay.held),
             tuple(replay.misnamed),
+            tuple(replay.possessed),
+            tuple(replay.succeeded),
         )
 
     def _handler(self, event: Any, context: Any) -> str:
@@ -330,6 +354,8 @@ class GuardDriver:
             replay.started.append(sid)
             if handle.owner != sid:  # the id a downstream write dedupes on (docs/safety.md)
                 replay.misnamed.append(f"{sid} (current_lease().owner is {handle.owner})")
+            if handle.grant_owner != sid:  # a batch item: its take did not start it, this does
+                replay.possessed.append(sid)
         ids, takes, renews = [sid], 0, 0
         while True:
             act = replay.next_input("act", partial(RunWait, sid, handle, tuple(ids), takes, renews))
@@ -338,12 +364,14 @@ class GuardDriver:
                 try:
                     taken = handle.take_signals(TAKE_LIMIT)
                 except LeaseguardError:
-                    # A handler that carries on without them: the guard must still fail the
-                    # run, as what the take moved may be in flight unseen (a raise fails it
-                    # anyway).
+                    # A handler that carries on without them (the search may also make it let
+                    # the error propagate): what the take moved may be in flight unseen, and
+                    # the guard must neither complete it nor charge it.
                     continue
                 ids += [s.id for s in taken]
                 replay.held += [s.id for s in taken]
+                if replay.fresh:
+                    replay.possessed += [s.id for s in taken]
             elif act == "renew":
                 renews += 1
                 renewer = replay.renewer
@@ -352,6 +380,7 @@ class GuardDriver:
             elif act == "raise":
                 raise HandlerFailure(f"the handler failed on {sid}")
             else:
+                replay.succeeded += ids
                 return "ok"
 
 

@@ -22,7 +22,7 @@ from leaseguard.signals import Signal
 from leaseguard.types import LeaseResult
 
 from .guarded import TICK_MS
-from .state import Lost
+from .state import KeyRecord, Lost
 from .world import Actor, Call, ExplorerBase, World, event_index, show
 
 if TYPE_CHECKING:
@@ -44,6 +44,8 @@ class Invariants(ExplorerBase):
         runs = self.bump(book.runs, (sid,))
         if runs[i] > 1 + book.excuses[i] and w.violation is None:
             w.violation = f"(d) {sid} runs a second time with no crash, give-up, error or expiry"
+        if sid in book.reported and sid not in book.evicted and w.violation is None:
+            w.violation = f"(d) {sid} runs again after its runner reported it succeeded"
         if sid in book.enqueued and not book.started[i]:
             for earlier in book.enqueued[: book.enqueued.index(sid)]:
                 if (
@@ -78,6 +80,102 @@ class Invariants(ExplorerBase):
             w.violation = f"(d) the done memory forgot {forgotten} below its bound"
         self.excuse(w, tuple(forgotten))
         w.book = w.book._replace(evicted=(*w.book.evicted, *forgotten))
+
+    # -- (l): attempts charged only to runs that started ------------------------------------------
+
+    @staticmethod
+    def attempts_snapshot(w: World, rec: KeyRecord) -> tuple[Any, ...]:
+        """What (l) compares across one step: attempts, dead letters, the grant and whether
+        what is in flight has no live owner (then the step's charges are G5's)."""
+        attempts = {sid: stored.attempts for sid, stored in rec.stored.items()}
+        expired = bool(rec.in_flight) and (rec.owner is None or rec.expires <= w.now)
+        return attempts, {d.id for d in rec.dead}, (rec.owner, rec.token, rec.claimed), expired
+
+    def count_attempts(self, w: World, rec: KeyRecord, snapshot: tuple[Any, ...]) -> None:
+        """The attempts one step charged, and the run a claimed grant it made may have started
+        (the backend cannot tell a claim's crash from the handler's, G5); a redrive's moved
+        ids start again from nothing. Counts stop at ``max_attempts + 2``: past that a
+        signal is dead, so the comparison (l) makes never needs more."""
+        attempts, dead_before, grant, expired = snapshot
+        starts, charges = list(w.book.starts), list(w.book.charges)
+        ambiguous = w.book.ambiguous
+        cap = self.b.max_attempts + 2
+
+        def add(counts: list[int], sid: str, n: int) -> None:
+            i = event_index(sid)
+            counts[i] = min(counts[i] + n, cap)
+
+        for sid, stored in rec.stored.items():
+            if sid in attempts and stored.attempts > attempts[sid]:
+                add(charges, sid, stored.attempts - attempts[sid])
+                if expired and sid in ambiguous:
+                    add(starts, sid, 1)
+            elif sid in dead_before:  # redriven: a fresh count
+                starts[event_index(sid)] = charges[event_index(sid)] = 0
+        for dead in rec.dead:
+            before = attempts.get(dead.id)
+            # at max_attempts already, the guard dead-letters it unrun: no run is charged
+            if dead.id not in dead_before and before is not None and before < self.b.max_attempts:
+                add(charges, dead.id, dead.attempts - before)
+        for sid, done in rec.done.items():
+            if sid in attempts and sid not in rec.stored and not done.ok:
+                add(charges, sid, max(done.attempts - attempts[sid], 0))  # left to the platform
+        live = rec.owner is not None and rec.claimed and rec.owner in rec.in_flight
+        if live and (rec.owner, rec.token, rec.claimed) != grant:
+            add(starts, rec.owner, 1)  # type: ignore[arg-type]
+        if ambiguous:
+            ambiguous = tuple(sid for sid in ambiguous if sid in rec.in_flight)
+        w.book = w.book._replace(starts=tuple(starts), charges=tuple(charges), ambiguous=ambiguous)
+
+    @staticmethod
+    def reported(w: World, succeeded: tuple[str, ...]) -> None:
+        """A runner's step applied after its runs of ``succeeded`` returned: the step reports
+        them (a take's ``completed``, a hand-off's completion), so no crash excuses another
+        run of them."""
+        new = tuple(sid for sid in succeeded if sid not in w.book.reported)
+        if new:
+            w.book = w.book._replace(reported=(*w.book.reported, *new))
+
+    @staticmethod
+    def taken_unseen(w: World, sids: list[str]) -> None:
+        """A take applied: until its reply reaches the taker, the backend cannot tell a taker
+        that is slow, gave up or died with them from one whose handler has them, so the
+        lease running out charges them as started runs (G5)."""
+        new = tuple(sid for sid in sids if sid not in w.book.ambiguous)
+        w.book = w.book._replace(ambiguous=(*w.book.ambiguous, *new))
+
+    @staticmethod
+    def taken_seen(w: World, sids: list[str]) -> None:
+        """The take's reply reached the taker: from here its runs say what started."""
+        ambiguous = tuple(sid for sid in w.book.ambiguous if sid not in sids)
+        w.book = w.book._replace(ambiguous=ambiguous)
+
+    def possessed(self, w: World, sids: tuple[str, ...] | list[str]) -> None:
+        """Signals handed to a run from a take: a batch item whose run began, or what a
+        handler's ``take_signals`` returned (or would have, to a taker that died first)."""
+        starts, cap = list(w.book.starts), self.b.max_attempts + 2
+        for sid in sids:
+            starts[event_index(sid)] = min(starts[event_index(sid)] + 1, cap)
+        w.book = w.book._replace(starts=tuple(starts))
+
+    def check_attempts(self, w: World) -> str | None:
+        """(l): a signal is charged an attempt only for a run of it that started (as the
+        backend can know it: a claimed grant, a batch item run, a take its handler got) and
+        did not succeed; the last run of a signal that ends done succeeded, so it is not one."""
+        for sid in self.events:
+            i = event_index(sid)
+            rec = self.rec(w, self.key_of(sid))
+            done = rec.done.get(sid)
+            finished = sid not in rec.stored and not any(d.id == sid for d in rec.dead)
+            succeeded = finished and (done.ok if done is not None else w.book.oks[i])
+            # (a signal done without a run that started is lost work, which (c) reports)
+            allowed = max(w.book.starts[i] - (1 if succeeded else 0), 0)
+            if w.book.charges[i] > allowed:
+                return (
+                    f"(l) {sid} was charged {w.book.charges[i]} attempts for {allowed} runs "
+                    "that started and did not succeed"
+                )
+        return None
 
     def check_tokens(self, w: World, before: list[tuple[str | None, int]]) -> None:
         """(b): every new grant carries a larger token than any before it on that key."""
@@ -150,6 +248,10 @@ class Invariants(ExplorerBase):
 
     def quiescent(self, w: World) -> bool:
         return not w.actors and not w.book.pending and w.book.arrived == self.b.events
+
+    def settled(self, w: World) -> str | None:
+        """The checks of a quiescent state: (l) on it, then (c) after its fixpoint."""
+        return self.check_attempts(w) or self.drain(w)
 
     def drain(self, w: World) -> str | None:
         """(c): let time pass and the sweeper and receivers run, without faults, to a

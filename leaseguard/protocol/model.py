@@ -290,7 +290,14 @@ class ProtocolModel(OperatorSteps):
         return rec.granted(sid)
 
     def take(
-        self, rec: KeyRecord, owner: str, limit: int, token: int | None, nonce: str, now: int
+        self,
+        rec: KeyRecord,
+        owner: str,
+        limit: int,
+        token: int | None,
+        nonce: str,
+        now: int,
+        completed: tuple[str, ...] = (),
     ) -> list[Signal] | Lost:
         self.observe(rec, now)
         if not rec.holds(owner, token):
@@ -298,6 +305,12 @@ class ProtocolModel(OperatorSteps):
         if rec.take_nonce == nonce:  # [K2] a resend: the same batch
             ids = rec.in_flight[len(rec.in_flight) - rec.take_count :] if rec.take_count else []
         else:  # [K1]
+            # what ran and succeeded since the last report is done before the next is
+            # taken, so a crash after this step neither runs nor charges it again (G5)
+            for sid in [sid for sid in rec.in_flight if sid in completed]:
+                rec.in_flight.remove(sid)
+                del rec.stored[sid]
+                self.remember_done(rec, sid, rec.token, now, ok=True)
             ids = rec.queue[:limit]
             del rec.queue[:limit]
             rec.in_flight.extend(ids)

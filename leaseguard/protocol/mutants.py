@@ -254,11 +254,38 @@ class PartialUnrunCompleted(_RewritesFailures):
 
 
 class PartialCompletedRequeued(_RewritesFailures):
-    """A partial report (G8) sends the ids it names as completed back to the queue: signals
-    that succeeded run again."""
+    """A report of completed ids (a partial report, G8, or a take's, K1) sends them back to
+    the queue: signals that succeeded run again."""
 
     def rewrite(self, rec: KeyRecord, owner: str, failure: Failure) -> Failure:
         return failure if failure.completed is None else replace(failure, completed=())
+
+    def take(
+        self,
+        rec: KeyRecord,
+        owner: str,
+        limit: int,
+        token: int | None,
+        nonce: str,
+        now: int,
+        completed: tuple[str, ...] = (),
+    ) -> list[Signal] | Lost:
+        if rec.holds(owner, token) and rec.take_nonce != nonce:
+            back = [sid for sid in rec.in_flight if sid in completed and sid != owner]
+            rec.in_flight = [sid for sid in rec.in_flight if sid not in back]
+            rec.queue[0:0] = back
+        return super().take(rec, owner, limit, token, nonce, now, completed)
+
+
+class ChargesUnclaimed(_Model):
+    """The old G5: every in-flight signal of a dead owner is charged an attempt, also the
+    signal of a grant that was never claimed (its envelope was late), which never ran."""
+
+    def requeue_in_flight(self, rec: KeyRecord) -> None:
+        for sid in rec.in_flight:
+            rec.stored[sid].attempts += 1
+        rec.queue[0:0] = rec.in_flight
+        rec.in_flight = []
 
 
 class ReadThenEnqueueProvider(ExplorerProvider):
@@ -334,6 +361,24 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("resent-release-lost", ResentReleaseLost),
     Mutant("partial-unrun-completed", PartialUnrunCompleted, family="drain"),
     Mutant("partial-completed-requeued", PartialCompletedRequeued, family="drain"),
+    Mutant("charges-unclaimed", ChargesUnclaimed),
+    Mutant(
+        "guard-failed-take-charges-unseen",
+        source=SourceChange(
+            FLOW,
+            'report = {"completed": [], "failed": ran} if error else',
+            "report = {} if error else",
+        ),
+    ),
+    Mutant(
+        "guard-drain-reports-nothing",
+        family="drain",
+        source=SourceChange(
+            DRAIN,
+            'progress: dict[str, Any] = {"token": handle.token, "completed": drained.completed}',
+            'progress: dict[str, Any] = {"token": handle.token}',
+        ),
+    ),
     # Mutants of the guard itself (leaseguard/guard/), run as the explorer runs the guard.
     Mutant(
         "guard-ttl-clock-from-reply",
@@ -351,7 +396,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "guard-failed-take-completes",
-        source=SourceChange(FLOW, "if error is None and handle.take_failed:", "if False:"),
+        source=SourceChange(FLOW, "unseen = handle.take_failed\n", "unseen = False\n"),
     ),
     Mutant(
         "guard-own-failure-swallowed",
@@ -365,7 +410,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "guard-batch-item-runs-as-its-owner",
         family="drain",
-        source=SourceChange(DRAIN, "item = ItemLease(handle, signal)", "item = handle"),
+        source=SourceChange(DRAIN, "ItemLease(handle, signal))", "handle)"),
     ),
     Mutant("bound-ignored", BoundIgnored, family="queue"),
     Mutant("halt-ignored", HaltIgnored, family="queue"),

@@ -83,6 +83,17 @@ class Book(NamedTuple):
     resends: tuple[
         tuple[str, str, int], ...
     ] = ()  # redrives whose reply was lost: key, nonce, moved
+    # per event since its last redrive, for (l): runs the backend may count as started (a
+    # claimed grant, a batch item's run, a take that reached its handler or died with the
+    # taker), and attempts it was charged
+    starts: tuple[int, ...] = ()
+    charges: tuple[int, ...] = ()
+    # moved in flight by a take whose reply has not reached its taker (on the wire, given up,
+    # or the taker died): a lease running out over them charges a run that may have started
+    ambiguous: tuple[str, ...] = ()
+    # ids whose success a later step of their runner reported (a take's completed=, a
+    # hand-off): they never run again (d)
+    reported: tuple[str, ...] = ()
 
 
 @dataclass
@@ -122,6 +133,10 @@ class World:
             b.redrives,
             b.evicted,
             b.resends,
+            b.starts,
+            b.charges,
+            b.ambiguous,
+            b.reported,
         )
         return (recs, actors, book, b.retries, b.gave_up, pending)
 
@@ -286,6 +301,8 @@ class ExplorerBase:
             retries=(0,) * n,
             gave_up=(False,) * n,
             pending=(),
+            starts=(0,) * n,
+            charges=(0,) * n,
         )
         return World(0, [KeyRecord() for _ in self.keys], (), book)
 

@@ -115,11 +115,27 @@ class BaseLeaseProvider(ABC):
         )
 
     def take_signals(
-        self, key: str, owner: str, limit: int, *, token: int | None = None
+        self,
+        key: str,
+        owner: str,
+        limit: int,
+        *,
+        token: int | None = None,
+        completed: Sequence[str] = (),
     ) -> list[Signal]:
-        return self._take(
-            check_key(key), check_owner(owner), check_limit(limit), check_token(token)
-        )
+        """``completed``: signals this grant holds in flight that ran and succeeded since its
+        last report (row K1): they are done before the next ones are taken, so a crash later
+        in the grant neither runs them again nor charges them an attempt (G5). The guard's
+        batch drain reports each item this way before taking the next. It needs ``token``."""
+        reported = _check_ids("completed", completed) if completed else ()
+        if reported and token is None:
+            raise InvalidLeaseArgument("take_signals with completed= needs token=")
+        if len(reported) > MAX_REPORTED_IDS:
+            raise InvalidLeaseArgument(f"take_signals reports at most {MAX_REPORTED_IDS} ids")
+        args = (check_key(key), check_owner(owner), check_limit(limit), check_token(token))
+        if not reported:  # a provider written before completed= existed still takes
+            return self._take(*args)
+        return self._take(*args, completed=reported)
 
     def transfer_to_next(
         self,
@@ -255,7 +271,14 @@ class BaseLeaseProvider(ABC):
         """Raises :class:`~leaseguard.errors.QueueFull` for row Q8."""
 
     @abstractmethod
-    def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]: ...
+    def _take(
+        self,
+        key: str,
+        owner: str,
+        limit: int,
+        token: int | None = None,
+        completed: tuple[str, ...] = (),
+    ) -> list[Signal]: ...
 
     @abstractmethod
     def _transfer_to_next(

@@ -177,13 +177,20 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
             raise QueueFull(key, result.depth, max_queue, result.holder)
         return result
 
-    def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]:
+    def _take(
+        self,
+        key: str,
+        owner: str,
+        limit: int,
+        token: int | None = None,
+        completed: tuple[str, ...] = (),
+    ) -> list[Signal]:
         model = self.model
         taken = self._step(
             key,
             "take_signals",
             (owner, token),
-            lambda rec, now, nonce: model.take(rec, owner, limit, token, nonce, now),
+            lambda rec, now, nonce: model.take(rec, owner, limit, token, nonce, now, completed),
         )
         if isinstance(taken, Lost):
             raise LeaseLostError(key, owner, taken.holder)

@@ -38,7 +38,14 @@ class NoopLeaseProvider(BaseLeaseProvider):
     ) -> LeaseResult:
         return LeaseResult(acquired=True, owner=signal.id, token=0)
 
-    def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]:
+    def _take(
+        self,
+        key: str,
+        owner: str,
+        limit: int,
+        token: int | None = None,
+        completed: tuple[str, ...] = (),
+    ) -> list[Signal]:
         return []
 
     def _transfer_to_next(
