@@ -104,14 +104,19 @@ class Client(Invariants):
     def proceed(self, w: World, n: int, a: Actor, label: str) -> Moves:
         """``a`` (at index ``n``, its script just grown) runs on to what it waits for next."""
         adv = self.advanced(a)
+        wait = adv.wait
+        # A grant whose reply came after its TTL ran out: the run may repeat what a newer
+        # owner completed since (the expired lease excuses it, d)
+        stale = isinstance(wait, RunWait) and (
+            wait.handle.lost_reason is not None or w.now / TICK_MS >= wait.handle.valid_until
+        )
         for sid in adv.started:
-            self.start(w, a.key, sid)
+            self.start(w, a.key, sid, stale=stale)
         self.possessed(w, adv.possessed)
         if adv.misnamed and w.violation is None:
             w.violation = f"(m) the run of {adv.misnamed[0]}"
         for envelope in adv.envelopes:
             self.deliver_later(w, ("env", envelope.key, envelope.owner, str(envelope.token)))
-        wait = adv.wait
         if isinstance(wait, TimeLeftWait):
             rec = self.rec(w, a.key)
             # The deadline only matters when there is someone to hand to.
