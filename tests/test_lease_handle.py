@@ -336,3 +336,29 @@ def test_the_timer_does_not_wake_for_runs_that_ended(monkeypatch: Any) -> None:
         runs += 1
     assert provider.renewals == {}
     assert CountingCondition.waits < runs // 4  # about two a period, not one a run
+
+
+def test_a_grant_whose_reply_came_after_its_ttl_runs_nothing() -> None:
+    """Found with the explorer's (d) clause: a grant whose reply arrived after its TTL ran out
+    was run anyway, while another invocation may own the key. It must not run; the event stays
+    in the backend and runs with the next owner."""
+    class SlowReplies(InMemoryLeaseProvider):
+        slow = True
+
+        def acquire_or_enqueue(self, *args: Any, **kwargs: Any) -> Any:
+            result = super().acquire_or_enqueue(*args, **kwargs)
+            if self.slow:
+                time.sleep(0.3)  # the reply is on the wire past the 200 ms TTL
+            return result
+
+    provider = SlowReplies()
+    ran: list[str] = []
+    handler = lease_owned(lambda e: "k", provider=provider, ttl_ms=200)(
+        lambda e, c: ran.append(e["n"]) or "ok"
+    )
+    answer = handler({"n": "late"}, LambdaContext())
+    assert ran == []
+    assert answer["leaseguard"]["status"] == "queued"
+    provider.slow = False
+    assert handler({"n": "next"}, LambdaContext()) == "ok"
+    assert ran == ["late", "next"]  # adopted (Q6): the late grant's event first, then its own

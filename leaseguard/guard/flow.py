@@ -180,6 +180,18 @@ class Invocation:
             # The platform retries the invocation's own event (it re-raises); every other
             # signal this run held is retried from the queue, or dead-lettered.
             platform_retries = is_primary and own_event
+            if handle.settle():
+                # The grant's reply came after its TTL ran out: another invocation may own the
+                # key by now, so the handler must not run. The signal stays in flight and goes
+                # back to the queue with the expired lease (G5).
+                telemetry.count("LeaseLost")
+                telemetry.log(
+                    logging.ERROR,
+                    "the grant arrived after its lease ran out; not running it",
+                    lease_key=key,
+                    lease_owner=handle.owner,
+                )
+                break
             if not platform_retries and current.attempts >= options.max_attempts:
                 # Its earlier runs all died before they could report (G5 counted each): one
                 # more would most likely die the same way, so it is dead-lettered unrun.

@@ -105,13 +105,8 @@ class Client(Invariants):
         """``a`` (at index ``n``, its script just grown) runs on to what it waits for next."""
         adv = self.advanced(a)
         wait = adv.wait
-        # A grant whose reply came after its TTL ran out: the run may repeat what a newer
-        # owner completed since (the expired lease excuses it, d)
-        stale = isinstance(wait, RunWait) and (
-            wait.handle.lost_reason is not None or w.now / TICK_MS >= wait.handle.valid_until
-        )
         for sid in adv.started:
-            self.start(w, a.key, sid, stale=stale)
+            self.start(w, a.key, sid)
         self.possessed(w, adv.possessed)
         if adv.misnamed and w.violation is None:
             w.violation = f"(m) the run of {adv.misnamed[0]}"

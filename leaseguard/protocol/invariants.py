@@ -37,16 +37,14 @@ class Invariants(ExplorerBase):
     def waiting(self, a: Actor) -> RunWait | None:  # the client knows where its actors are
         raise NotImplementedError
 
-    def start(self, w: World, key: str, sid: str, *, stale: bool = False) -> None:
-        """A handler run begins on ``sid``: (d), (e) and (i) are checked here. ``stale``: its
-        grant ran out before the run began (a late reply), which excuses running what a newer
-        owner completed meanwhile."""
+    def start(self, w: World, key: str, sid: str) -> None:
+        """A handler run begins on ``sid``: (d), (e) and (i) are checked here."""
         book = w.book
         i = event_index(sid)
         runs = self.bump(book.runs, (sid,))
         if runs[i] > 1 + book.excuses[i] and w.violation is None:
             w.violation = f"(d) {sid} runs a second time with no crash, give-up, error or expiry"
-        repeat = sid in book.reported and sid not in book.evicted and not stale
+        repeat = sid in book.reported and sid not in book.evicted
         if repeat and w.violation is None:
             w.violation = f"(d) {sid} runs again after its runner reported it succeeded"
         if sid in book.enqueued and not book.started[i]:

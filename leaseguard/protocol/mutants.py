@@ -371,6 +371,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "guard-runs-a-late-grant",
+        source=SourceChange(
+            FLOW,
+            "            if handle.settle():\n                # The grant's reply came",
+            "            if False:\n                # The grant's reply came",
+        ),
+    ),
+    Mutant(
         "guard-drain-reports-nothing",
         family="drain",
         source=SourceChange(
