@@ -59,6 +59,7 @@ model-check: $(DEV_STAMP)
 	$(BIN)/python -m leaseguard.protocol.explore --bound default --min-states 100000
 	$(BIN)/python -m leaseguard.protocol.explore --bound queue-retries --min-states 100000
 	$(BIN)/python -m leaseguard.protocol.explore --bound drain --min-states 50000
+	$(BIN)/python -m leaseguard.protocol.explore --bound failover --min-states 100000
 
 model-check-small: model-check-core model-check-queue model-check-drain
 

@@ -28,6 +28,9 @@ class Bounds:
     # with two or three events overflows it, so a forgotten id's resend is explored (the
     # invariants (d) and (f) excuse a repeat or a "lost" whose id an eviction forgot)
     done_limit: int | None = None
+    # Redis failovers that lose a key's last write (its reply not yet delivered, as with
+    # replicas=N; the model's failover_keeps_acknowledged says which), each one fault
+    failovers: bool = False
 
 
 PRESETS = {
@@ -67,6 +70,10 @@ PRESETS["drain"] = Bounds(
     platform_retries=0,
     done_limit=2,
 )
+
+# make test and make model-check: a Redis failover under replicas=N, over two events, with an
+# expiry (the failover fault is the one fault)
+PRESETS["failover"] = Bounds(events=2, faults=1, expiries=1, renews=0, takes=0, failovers=True)
 
 # make model-check: the queue bounds with a platform retry of every refused or failed event
 PRESETS["queue-retries"] = replace(PRESETS["queue"], platform_retries=1)

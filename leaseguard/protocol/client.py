@@ -16,6 +16,7 @@ from typing import Any
 
 from leaseguard.guard.options import GuardOptions
 
+from . import failover
 from .bounds import Bounds
 from .guarded import (
     GIVE_UP,
@@ -143,6 +144,7 @@ class Client(Invariants):
         remembered = list(rec.done)
         grants = [(r.owner, r.token) for r in w.recs]
         snapshot = self.attempts_snapshot(w, rec)
+        undo = (rec.clone(), w.book) if w.undo else None
         reply = apply(rec, w.now, nonce)
         self.count_attempts(w, rec, snapshot)
         if op == "take_signals" and isinstance(reply, list):
@@ -156,6 +158,8 @@ class Client(Invariants):
             if sid not in before and sid not in w.book.enqueued:
                 w.book = w.book._replace(enqueued=(*w.book.enqueued, sid))
         self.check_tokens(w, grants)
+        if undo is not None:
+            failover.kept(w, self.keys.index(a.key), undo[0], a.aid, nonce, undo[1])
         return reply
 
     def actor_steps(self, w: World, n: int, a: Actor, faults_left: bool) -> Moves:
@@ -224,6 +228,8 @@ class Client(Invariants):
         yield from self.deliver(nw, n, a, call, GIVE_UP, label)
 
     def deliver(self, w: World, n: int, a: Actor, call: Call, value: Any, label: str) -> Moves:
+        if w.undo and value != GIVE_UP:
+            failover.acknowledged(w, call.nonce)
         if call.op == "take_signals" and isinstance(value, list):
             self.taken_seen(w, [s.id for s in value])
         if call.op == "transfer_to_next" and isinstance(value, Lost):
@@ -247,6 +253,28 @@ class Client(Invariants):
         if error is not None:
             self.retry_invocation(w, a)
         self.replace_actor(w, n, None)
+
+    def failover_steps(self, w: World) -> Moves:
+        """A failover loses a key's last write: its caller, if still waiting, sees an error."""
+        keep = self.model.failover_keeps_acknowledged
+        for index, last in failover.failovers(w, keep):
+            nw = w.copy()
+            self.fault(nw)
+            failover.restore(nw, index, last)
+            key = self.keys[index]
+            waiting = [
+                (n, a)
+                for n, a in enumerate(nw.actors)
+                if a.aid == last.aid and a.call is not None and a.call.nonce == last.nonce
+            ]
+            label = f"FAULT failover: {key}'s replica lacks {last.aid}'s last write"
+            if not waiting:
+                yield label, nw
+                continue
+            n, a = waiting[0]
+            self.excuse(nw, self.answers_for(a))
+            assert a.call is not None
+            yield from self.deliver(nw, n, a, a.call, GIVE_UP, label + f"; {a.aid} sees an error")
 
     def crash(self, w: World, a: Actor) -> None:
         self.excuse(w, self.answers_for(a))

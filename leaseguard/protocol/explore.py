@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from . import failover
 from .bounds import PRESETS, Bounds
 from .client import Client
 from .guarded import TICK_MS, ActorSpec, ExplorerProvider
@@ -52,6 +53,7 @@ FAMILIES = {
     "queue": ("queue",),
     "queue-retries": ("queue",),
     "drain": ("drain", "memory"),
+    "failover": ("failover",),
 }
 
 
@@ -112,6 +114,8 @@ class Explorer(Client):
                 aid = f"{sid}d{book.faults}"
                 label = f"FAULT platform delivers {sid} again"
                 yield from self.spawn(nw, aid, self.invocation(nw, sid), label)
+        if faults_left and w.undo:
+            yield from self.failover_steps(w)
         if book.redrives < b.redrives:
             for key in self.keys:
                 if self.rec(w, key).dead:
@@ -159,6 +163,8 @@ class Explorer(Client):
         nw.book = w.book._replace(redrives=w.book.redrives + 1)
         rec = self.rec(nw, key)
         snapshot = self.attempts_snapshot(nw, rec)
+        if nw.undo:
+            failover.forget(nw, self.keys.index(key))
         moved = self.model.redrive(rec, None, nw.now, nonce)
         self.count_attempts(nw, rec, snapshot)
         yield f"operator redrives {key}: {moved} back at the head", nw

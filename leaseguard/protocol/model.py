@@ -49,6 +49,10 @@ class ProtocolModel(OperatorSteps):
     """The steps (the operator's, rows V*, in :mod:`.operators`). Subclasses (the explorer's
     mutants) override one step to break one rule."""
 
+    # What a Redis failover keeps (the explorer's failover bound): with replicas=N, every write
+    # whose reply a caller received (docs/safety.md, section 4)
+    failover_keeps_acknowledged = True
+
     def __init__(
         self,
         *,

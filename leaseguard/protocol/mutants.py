@@ -277,6 +277,13 @@ class PartialCompletedRequeued(_RewritesFailures):
         return super().take(rec, owner, limit, token, nonce, now, completed)
 
 
+class FailoverWithoutWait(_Model):
+    """Redis replicas without ``replicas=N``: a failover may lose a write whose reply was
+    delivered (an accepted forward, a grant its owner runs under; issue 23 finding 5)."""
+
+    failover_keeps_acknowledged = False
+
+
 class ChargesUnclaimed(_Model):
     """The old G5: every in-flight signal of a dead owner is charged an attempt, also the
     signal of a grant that was never claimed (its envelope was late), which never ran."""
@@ -362,6 +369,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("partial-unrun-completed", PartialUnrunCompleted, family="drain"),
     Mutant("partial-completed-requeued", PartialCompletedRequeued, family="drain"),
     Mutant("charges-unclaimed", ChargesUnclaimed),
+    Mutant("failover-without-wait", FailoverWithoutWait, family="failover"),
     Mutant(
         "guard-failed-take-charges-unseen",
         source=SourceChange(

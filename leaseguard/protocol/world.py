@@ -103,6 +103,9 @@ class World:
     actors: tuple[Actor, ...]
     book: Book
     violation: str | None = None
+    # per key, the last write a failover may lose (failover.LastWrite), when the bound has
+    # failovers
+    undo: tuple[Any, ...] = ()
 
     def key(
         self, ttl: int, keys: list[str], until: Callable[[Actor, int], int | None]
@@ -138,10 +141,21 @@ class World:
             b.ambiguous,
             b.reported,
         )
-        return (recs, actors, book, b.retries, b.gave_up, pending)
+        undo = tuple(
+            None
+            if last is None
+            else (
+                _canon_record(last.before.freeze(now), live, r.token),
+                next((n for n, a in enumerate(self.actors) if a.aid == last.aid), -1),
+                last.acknowledged,
+            )
+            for last, r in zip(self.undo, self.recs, strict=False)
+        )
+        return (recs, actors, book, b.retries, b.gave_up, pending, undo)
 
     def copy(self) -> World:
-        return World(self.now, [r.clone() for r in self.recs], self.actors, self.book)
+        recs = [r.clone() for r in self.recs]
+        return World(self.now, recs, self.actors, self.book, undo=self.undo)
 
 
 def _rel(value: Any, base: int) -> Any:
@@ -304,7 +318,8 @@ class ExplorerBase:
             starts=(0,) * n,
             charges=(0,) * n,
         )
-        return World(0, [KeyRecord() for _ in self.keys], (), book)
+        undo = (None,) * len(self.keys) if self.b.failovers else ()
+        return World(0, [KeyRecord() for _ in self.keys], (), book, undo=undo)
 
     def key_of(self, sid: str) -> str:
         return self.keys[event_index(sid) % len(self.keys)]
