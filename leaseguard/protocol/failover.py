@@ -19,7 +19,7 @@ caught.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .state import KeyRecord
 
@@ -79,7 +79,7 @@ def restore(w: World, index: int, last: LastWrite) -> None:
     reported, an attempt it charged was not charged)."""
     w.recs[index] = last.before.clone()
     book, before, after = w.book, last.book_before, last.book_after
-    changes: dict[str, tuple[object, ...]] = {}
+    changes: dict[str, Any] = {}
     for name in _ID_FIELDS:
         added = set(getattr(after, name)) - set(getattr(before, name))
         changes[name] = tuple(x for x in getattr(book, name) if x not in added)

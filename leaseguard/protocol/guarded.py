@@ -32,8 +32,7 @@ states are still explored once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
@@ -382,41 +381,3 @@ class GuardDriver:
             else:
                 replay.succeeded += ids
                 return "ok"
-
-
-@contextmanager
-def source_mutation(module: Any, old: str, new: str) -> Iterator[None]:
-    """``module`` with ``old`` replaced by ``new`` in its source, for as long as inside: the
-    mutated functions and classes replace the originals in the module and wherever they were
-    imported (a seeded mutant of the code that ships, for the model checker to catch)."""
-    import inspect
-    import sys
-    import types
-
-    source = inspect.getsource(module)
-    if source.count(old) != 1:
-        raise AssertionError(f"mutant: {old!r} is not in {module.__name__} exactly once")
-    mutated = types.ModuleType(module.__name__)
-    mutated.__dict__.update({"__file__": module.__file__, "__package__": module.__package__})
-    exec(compile(source.replace(old, new), module.__file__, "exec"), mutated.__dict__)
-    swaps: list[tuple[Any, str, Any]] = []
-    for name, original in vars(module).items():
-        replacement = mutated.__dict__.get(name)
-        if replacement is None or replacement is original:
-            continue
-        if not (isinstance(original, type) or callable(original)):
-            continue
-        if getattr(original, "__module__", None) != module.__name__:
-            continue
-        for holder in [m for m in list(sys.modules.values()) if m is not None]:
-            if getattr(holder, "__name__", "").startswith("leaseguard") and (
-                holder.__dict__.get(name) is original
-            ):
-                swaps.append((holder, name, original))
-    for holder, name, _original in swaps:
-        setattr(holder, name, mutated.__dict__[name])
-    try:
-        yield
-    finally:
-        for holder, name, original in swaps:
-            setattr(holder, name, original)

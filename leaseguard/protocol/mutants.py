@@ -13,8 +13,9 @@ from dataclasses import dataclass, replace
 
 from leaseguard.types import LeaseResult, Signal
 
-from .guarded import ExplorerProvider, source_mutation
+from .guarded import ExplorerProvider
 from .model import ProtocolModel
+from .source_mutants import GUARD_MUTANTS, SourceChange, source_mutation
 from .state import DEFAULT_MAX_QUEUE, Done, Failure, Full, KeyRecord, Lost, Stored
 
 
@@ -318,15 +319,6 @@ class ReadThenEnqueueProvider(ExplorerProvider):
 
 
 @dataclass(frozen=True)
-class SourceChange:
-    """One edit of a module of the guard that ships: ``old`` (found exactly once) -> ``new``."""
-
-    module: str
-    old: str
-    new: str
-
-
-@dataclass(frozen=True)
 class Mutant:
     """One broken rule: in the model (``model_class``), in the provider's steps
     (``provider_class``), or in the guard's own code (``source``)."""
@@ -352,10 +344,6 @@ class Mutant:
             yield
 
 
-FLOW = "leaseguard.guard.flow"
-DRAIN = "leaseguard.guard.drain"
-RESPONSES = "leaseguard.guard.responses"
-
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("read-then-enqueue", ReadThenEnqueue, provider_class=ReadThenEnqueueProvider),
     Mutant("release-ignoring-queue", ReleaseIgnoringQueue),
@@ -370,75 +358,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("partial-completed-requeued", PartialCompletedRequeued, family="drain"),
     Mutant("charges-unclaimed", ChargesUnclaimed),
     Mutant("failover-without-wait", FailoverWithoutWait, family="failover"),
-    Mutant(
-        "guard-failed-take-charges-unseen",
-        source=SourceChange(
-            FLOW,
-            'report = {"completed": [], "failed": ran} if error else',
-            "report = {} if error else",
-        ),
-    ),
-    Mutant(
-        "guard-runs-a-late-grant",
-        source=SourceChange(
-            FLOW,
-            "            if handle.settle():\n                # The grant's reply came",
-            "            if False:\n                # The grant's reply came",
-        ),
-    ),
-    Mutant(
-        "guard-drain-reports-nothing",
-        family="drain",
-        source=SourceChange(
-            DRAIN,
-            'progress: dict[str, Any] = {"token": handle.token, "completed": drained.completed}',
-            'progress: dict[str, Any] = {"token": handle.token}',
-        ),
-    ),
-    # Mutants of the guard itself (leaseguard/guard/), run as the explorer runs the guard.
-    Mutant(
-        "guard-ttl-clock-from-reply",
-        source=SourceChange(
-            FLOW, "                sent_at=sent_at,\n", "                sent_at=None,\n"
-        ),
-    ),
-    Mutant(
-        "guard-failed-run-reported-ok",
-        source=SourceChange(
-            FLOW,
-            "            if error is not None:\n                report |=",
-            "            if False:\n                report |=",
-        ),
-    ),
-    Mutant(
-        "guard-failed-take-completes",
-        source=SourceChange(FLOW, "unseen = handle.take_failed\n", "unseen = False\n"),
-    ),
-    Mutant(
-        "guard-own-failure-swallowed",
-        source=SourceChange(
-            RESPONSES,
-            "    if own_event:\n        raise outcome.error\n",
-            "    if False:\n        raise outcome.error\n",
-        ),
-    ),
     Mutant("done-forgets-newest", DoneForgetsNewest, family="memory"),
-    Mutant(
-        "guard-batch-item-runs-as-its-owner",
-        family="drain",
-        source=SourceChange(DRAIN, "ItemLease(handle, signal))", "handle)"),
-    ),
     Mutant("bound-ignored", BoundIgnored, family="queue"),
     Mutant("halt-ignored", HaltIgnored, family="queue"),
     Mutant("redrive-drops", RedriveDrops, family="queue"),
     Mutant("redrive-resend-unrecognised", RedriveForgetsItsCall, family="queue"),
-    Mutant(
-        "guard-full-forward-dropped",
-        family="queue",
-        source=SourceChange(
-            RESPONSES,
-            "    if not is_api_gateway(event):\n        raise full\n",
-            "    if not is_api_gateway(event):\n        return None\n",
-        ),
-    ),
+    *(Mutant(name, family=family, source=change) for name, family, change in GUARD_MUTANTS),
 )
