@@ -96,6 +96,8 @@ def drain(
             if not batch:
                 return drained
             signal = batch[0]
+            if handle.settle():
+                return drained  # the take's reply came after the lease ran out: run nothing
             outcome, error, took = yield from _run_item(invocation, handle, signal, drained)
             if primary in (signal.id, *(s.id for s in took)):
                 drained.primary = Outcome(error=error) if error else outcome

@@ -230,7 +230,15 @@ class Client(Invariants):
     def deliver(self, w: World, n: int, a: Actor, call: Call, value: Any, label: str) -> Moves:
         if w.undo and value != GIVE_UP:
             failover.acknowledged(w, call.nonce)
-        if call.op == "take_signals" and isinstance(value, list):
+        wait = self.advanced(a).wait
+        handle = wait.handle if isinstance(wait, CallWait) else None
+        in_time = (
+            handle is not None
+            and handle.lost_reason is None
+            and w.now / TICK_MS < handle.valid_until
+        )
+        if call.op == "take_signals" and isinstance(value, list) and in_time:
+            # a reply that came after the lease ran out runs nothing: still unseen
             self.taken_seen(w, [s.id for s in value])
         if call.op == "transfer_to_next" and isinstance(value, Lost):
             wait = self.advanced(a).wait
