@@ -467,7 +467,9 @@ def apply(side: Side, op: Op) -> tuple[str, Any]:
             ttl,
             max_queue=kw.get("max_queue"),
         ),
-        "take_signals": lambda: p.take_signals(k, owner, kw["limit"], token=token),
+        "take_signals": lambda: p.take_signals(
+            k, owner, kw["limit"], token=token, completed=kw.get("completed", ())
+        ),
         "transfer_to_next": lambda: p.transfer_to_next(
             k, owner, ttl, claim=kw["claim"], token=token, **kw.get("failure", {})
         ),
@@ -644,6 +646,11 @@ def draw_op(rng: random.Random, model: Side, keys: Sequence[str], weights: dict[
         return Op(name, key, owner=owner, to=to, resend=resend)
     token = grant(owner, none_p=0.0 if name == "claim_signal" else 0.2)
     if name == "take_signals":
+        reported: dict[str, Any] = {}
+        if token is not None and rng.random() < 0.4:  # [K1] what ran since the last report
+            ids = list(dict.fromkeys([*rec.in_flight, owner, rng.choice(IDS)]))
+            rng.shuffle(ids)
+            reported["completed"] = tuple(ids[: rng.randint(1, len(ids))])
         return Op(
             name,
             key,
@@ -651,6 +658,7 @@ def draw_op(rng: random.Random, model: Side, keys: Sequence[str], weights: dict[
             limit=rng.randint(1, len(rec.queue) + 1),
             token=token,
             resend=resend,
+            **reported,
         )
     if name == "transfer_to_next":
         kw: dict[str, Any] = {"owner": owner, "claim": rng.random() < 0.6, "token": token}

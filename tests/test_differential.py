@@ -111,10 +111,17 @@ class ForgetsTakes(ProtocolModel):
     """A mutant: a resent take_signals takes a second batch (row K2 broken)."""
 
     def take(
-        self, rec: KeyRecord, owner: str, limit: int, token: int | None, nonce: str, now: int
+        self,
+        rec: KeyRecord,
+        owner: str,
+        limit: int,
+        token: int | None,
+        nonce: str,
+        now: int,
+        completed: tuple[str, ...] = (),
     ) -> list[Signal] | Lost:
         rec.take_nonce = None
-        return super().take(rec, owner, limit, token, nonce, now)
+        return super().take(rec, owner, limit, token, nonce, now, completed)
 
 
 def test_a_planted_bug_is_found_shrunk_and_replayed() -> None:

@@ -313,6 +313,34 @@ def test_an_unclaimed_grant_that_expires_three_times_keeps_its_attempts(
     assert not state.dead_letters and state.owner is None and not state.queued
 
 
+def test_a_batch_owner_that_dies_charges_only_the_item_it_was_running(
+    provider: BaseLeaseProvider,
+) -> None:
+    """[K1] [G5] Issue 23 finding 1a: a batch owner reports each item's success with the take
+    of the next (``completed=``), so its crash charges only the item that was running: the
+    ones before it are done (a duplicate delivery of one is answered duplicate, not run), the
+    ones after it never left the queue."""
+    grant = provider.acquire_or_enqueue("b", Signal("owner", {"n": "owner"}), TTL)
+    token = grant.token
+    assert grant.acquired and token is not None
+    for sid in ("s1", "s2", "s3", "s4"):
+        provider.acquire_or_enqueue("b", Signal(sid, {"n": sid}), TTL)
+    (first,) = provider.take_signals("b", "owner", 1, token=token, completed=["owner"])
+    (second,) = provider.take_signals("b", "owner", 1, token=token, completed=[first.id])
+    assert (first.id, second.id) == ("s1", "s2")
+    assert provider.inspect_key("b").in_flight in (("s2",), ("owner", "s2"))
+    let_leases_expire(provider, ("b", "owner"))  # the owner dies running s2
+    (adopted,) = provider.adopt_orphans(TTL, 10, claim=True)
+    assert (adopted[1].id, adopted[1].attempts) == ("s2", 1)  # only the running item charged
+    state = provider.inspect_key("b")
+    assert [(s.id, s.attempts) for s in state.queued] == [("s3", 0), ("s4", 0)]
+    assert not state.dead_letters
+    again = provider.acquire_or_enqueue("b", Signal("s1", {"n": "s1"}), TTL)
+    # [Q5] s1 completed before the crash: answered as done (no place in the queue), never run
+    assert (again.acquired, again.position) == (False, None)
+    assert [s.id for s in provider.inspect_key("b").queued] == ["s3", "s4"]
+
+
 # -- C4: an envelope retried after its receiver died ---------------------------------------------
 
 

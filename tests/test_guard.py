@@ -733,16 +733,40 @@ class _TakeGivesUp(_SlowReplies):
         return gives_up
 
 
+class _HandOffsSeen(_TakeGivesUp):
+    """As :class:`_TakeGivesUp`, and records the signals ``transfer_to_next`` hands on."""
+
+    def __init__(self, provider: BaseLeaseProvider, delay: float) -> None:
+        super().__init__(provider, delay)
+        self.handed: list[Signal] = []
+
+    def __getattr__(self, name: str) -> Any:
+        method = super().__getattr__(name)
+        if name != "transfer_to_next":
+            return method
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            nxt = method(*args, **kwargs)
+            if nxt is not None:
+                self.handed.append(nxt)
+            return nxt
+
+        return recorded
+
+
 def test_a_take_that_applied_but_failed_does_not_complete_what_it_took(
     provider: BaseLeaseProvider,
 ) -> None:
     """Found by the model checker (mutant failed-take-completes): the handler swallows the
     error and succeeds, but the backend moved the batch into flight; completing the run as a
-    success would mark signals done that no handler saw. The run ends as failed instead."""
+    success would mark signals done that no handler saw. The run's partial report (G8) names
+    only what ran: the taken signal goes back to the head unrun, with no attempt charged to it
+    (G5, invariant (l)), and runs next; the run's own success stands."""
     handled: list[int] = []
     started, release = threading.Event(), threading.Event()
+    wrapped = _HandOffsSeen(provider, 0)
 
-    @lease_owned(lambda e: e["k"], provider=_TakeGivesUp(provider, 0), ttl_ms=TTL)
+    @lease_owned(lambda e: e["k"], provider=wrapped, ttl_ms=TTL)
     def handler(event: dict[str, Any], context: Any) -> None:
         if event["n"] == 0:
             started.set()
@@ -757,7 +781,7 @@ def test_a_take_that_applied_but_failed_does_not_complete_what_it_took(
     def first() -> None:
         try:
             handler({"k": "g", "n": 0}, LambdaContext())
-        except LeaseBackendError as exc:  # the run ended failed: the platform retries it
+        except LeaseBackendError as exc:
             failures.append(exc)
 
     thread = threading.Thread(target=first)
@@ -766,7 +790,8 @@ def test_a_take_that_applied_but_failed_does_not_complete_what_it_took(
     handler({"k": "g", "n": 1}, LambdaContext())
     release.set()
     thread.join()
-    assert handled == [1]  # back at the head with one attempt, run inline: not lost
-    assert len(failures) == 1
+    assert handled == [1]  # back at the head, run inline: not lost
+    assert [s.attempts for s in wrapped.handed] == [0]  # and not charged
+    assert failures == []  # the run that swallowed the error succeeded
     state = provider.inspect_key("g")
     assert state.owner is None and not state.queued and not state.dead_letters

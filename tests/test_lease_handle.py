@@ -342,6 +342,7 @@ def test_a_grant_whose_reply_came_after_its_ttl_runs_nothing() -> None:
     """Found with the explorer's (d) clause: a grant whose reply arrived after its TTL ran out
     was run anyway, while another invocation may own the key. It must not run; the event stays
     in the backend and runs with the next owner."""
+
     class SlowReplies(InMemoryLeaseProvider):
         slow = True
 

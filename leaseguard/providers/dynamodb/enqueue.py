@@ -62,8 +62,10 @@ def acquire_or_enqueue(
             lease = granted
         seen = lease
         holder = lease.holder(cutoff)
-        if holder is not None and lease.grant_nonce == nonce:
-            # [Q7] a resend of this very call, which was applied (by the grant or adoption)
+        if holder is not None and lease.grant_nonce == nonce and holder in lease.in_flight:
+            # [Q7] a resend of this very call, which was applied (by the grant or adoption),
+            # while the granted signal is in flight (a take's report [K1] can complete it
+            # under the same grant; then the rows below answer, as for any later delivery)
             return _granted(table, key, lease, holder, me)
         token = lease.token if holder is not None else None
         view = done_view(lease.done, now)

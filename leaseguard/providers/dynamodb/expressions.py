@@ -164,6 +164,10 @@ TAKE_UPDATE = (
     " #k = :k, #kn = :n, #v = :v"
 )
 QUEUE_ELEMENT = "#q[{index}], #qn[{index}]"
+# [K1] a take's report: the in-flight list without the completed ids (they join d), or no
+# in-flight list when none is left
+REPORT_KEPT_SETS = ("#f = :kf", "#fn = :kfn")
+REPORT_NONE_KEPT_REMOVES = ("#f", "#fn")
 TAKE_CONDITION = f"{LIVE_OWNER} AND #t = :tok AND #q[0] = :head"
 
 # [G6] + [N1] a signal owner (heading its in-flight list) with nothing queued: all in flight and

@@ -123,8 +123,15 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
     ) -> LeaseResult:
         return enqueue.acquire_or_enqueue(self._table, key, signal, record, ttl_ms, max_queue)
 
-    def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]:
-        return take.take(self._table, key, owner, limit, token)
+    def _take(
+        self,
+        key: str,
+        owner: str,
+        limit: int,
+        token: int | None = None,
+        completed: tuple[str, ...] = (),
+    ) -> list[Signal]:
+        return take.take(self._table, key, owner, limit, token, completed)
 
     def _transfer_to_next(
         self,

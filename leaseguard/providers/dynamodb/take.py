@@ -12,17 +12,24 @@ from leaseguard.types import Signal
 
 from .complete import Then, complete, prune
 from .contention import optimistic_tries, unsettled
-from .done import done_view, marker
+from .done import done_view, marker, plain, rewrite
 from .expressions import (
+    ATTEMPTS,
+    ATTEMPTS_SET,
+    COMPLETE_CONDITION,
     QUEUE_ELEMENT,
     RELEASE_IDLE_CONDITION,
     RELEASE_IDLE_GRANT_CONDITION,
     RELEASE_IDLE_UPDATE,
+    REMEMBER_DONE,
+    REPORT_KEPT_SETS,
+    REPORT_NONE_KEPT_REMOVES,
+    REWRITE_DONE,
     TAKE_CONDITION,
     TAKE_UPDATE,
 )
 from .io import ConditionFailed, Retry, Table
-from .schema import OPTIMISTIC_ATTEMPTS, Lease, strings_of
+from .schema import OPTIMISTIC_ATTEMPTS, Lease, attribute_value, strings_of
 
 # A take moves at most this many signals per write: an UpdateExpression is limited to 4 KB,
 # which would allow about 200; 64 because moto's expression parser recurses once per element
@@ -30,7 +37,16 @@ from .schema import OPTIMISTIC_ATTEMPTS, Lease, strings_of
 _TAKE_BATCH = 64
 
 
-def take(table: Table, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]:
+def take(
+    table: Table,
+    key: str,
+    owner: str,
+    limit: int,
+    token: int | None = None,
+    completed: tuple[str, ...] = (),
+) -> list[Signal]:
+    if completed:
+        report_completed(table, key, owner, token, completed)
     taken_ids: list[str] = []
     taken_refs: list[str] = []
     attempts: Mapping[str, int] = {}
@@ -84,6 +100,66 @@ def take(table: Table, key: str, owner: str, limit: int, token: int | None = Non
         for signal_id, ref in zip(taken_ids, taken_refs, strict=True)
         if ref in payloads
     ]
+
+
+def report_completed(
+    table: Table, key: str, owner: str, token: int | None, completed: tuple[str, ...]
+) -> None:
+    """[K1] the in-flight signals named in ``completed`` (they ran and succeeded since the last
+    report) are done before the next ones are taken: out of the in-flight list, remembered as
+    completed ([G2]) under the grant's token, their payloads deleted. One write, conditional on
+    the snapshot it was computed from (the live grant, its version); a crash after it neither
+    runs nor charges them again ([G5]). A separate write from the take that follows: a take
+    moves at most _TAKE_BATCH signals per write anyway, and a reply lost between the two
+    leaves the report applied once (the resend finds nothing of it in flight)."""
+    reported = set(completed)
+    lease: Lease | None = None
+    for _ in optimistic_tries():
+        now, cutoff = table.times()
+        lease = table.read(key)
+        if not lease.live_grant(owner, now, token) or lease.token is None:
+            raise LeaseLostError(key, owner, lease.holder(cutoff))  # [K3]
+        pairs = list(zip(lease.in_flight, lease.in_flight_refs, strict=False))
+        done_pairs = [(sid, ref) for sid, ref in pairs if sid in reported]
+        if not done_pairs:
+            return  # nothing of it in flight (a resend of an applied report, or none ran)
+        kept = [(sid, ref) for sid, ref in pairs if sid not in reported]
+        done_ids = [sid for sid, _ in done_pairs]
+        attempts = {sid: n for sid, n in lease.attempts.items() if sid not in reported}
+        entries = [*done_ids, marker(now, lease.token, True)]
+        version = new_nonce()
+        values: dict[str, object] = {}
+        condition = lease.pinned(COMPLETE_CONDITION, values)
+        values.update({":me": owner, ":now": now, ":tok": lease.token, ":v": version})
+        sets = ["#v = :v"]
+        removes: list[str] = []
+        if kept:
+            sets += REPORT_KEPT_SETS
+            values[":kf"] = [sid for sid, _ in kept]
+            values[":kfn"] = [ref for _, ref in kept]
+        else:
+            removes += REPORT_NONE_KEPT_REMOVES
+        rewritten = rewrite([*lease.done, *(attribute_value(e) for e in entries)], now)
+        if rewritten is None:
+            sets.append(REMEMBER_DONE)
+            values[":done"], values[":empty"] = entries, []
+        else:
+            sets.append(REWRITE_DONE)
+            values[":done"] = [plain(element) for element in rewritten]
+        if attempts:
+            sets.append(ATTEMPTS_SET)
+            values[":a"] = attempts
+        else:
+            removes.append(ATTEMPTS)
+        update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
+        try:
+            table.update(key, update, condition, values)
+        except ConditionFailed as failed:
+            if failed.lease.version != version:  # else: a resend of this write, applied
+                continue
+        table.delete_signals(key, [ref for _, ref in done_pairs])
+        return
+    raise unsettled("take_signals", key, lease)
 
 
 def transfer_to_next(

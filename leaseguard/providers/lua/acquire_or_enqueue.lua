@@ -14,7 +14,9 @@ local max_queue = tonumber(ARGV[6])
 local cur = redis.call('HMGET', lease, 'o', 't', 'w', 'k', 'kn')
 local holder = cur[1]
 local token = holder and cur[2] or ''
-local resend = holder and cur[3] == nonce
+-- [Q7] while the granted signal is stored: a take's report [K1] can complete it under the
+-- same grant, and then the rows below answer, as for any later delivery
+local resend = holder and cur[3] == nonce and redis.call('HEXISTS', sigs, holder) == 1
 local no_take = not (cur[4] or cur[5]) -- no take nonce to delete at a grant
 -- What this part reads (nil: not read here) is not read again below.
 local entry, is_dead, known

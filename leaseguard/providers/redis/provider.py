@@ -248,8 +248,17 @@ class RedisLeaseProvider(BaseLeaseProvider):
             position=int(reply[3]) or None,
         )
 
-    def _take(self, key: str, owner: str, limit: int, token: int | None = None) -> list[Signal]:
-        reply = self._run(TAKE_SIGNALS_LUA, key, owner, limit, new_nonce(), fence_arg(token))
+    def _take(
+        self,
+        key: str,
+        owner: str,
+        limit: int,
+        token: int | None = None,
+        completed: tuple[str, ...] = (),
+    ) -> list[Signal]:
+        reply = self._run(
+            TAKE_SIGNALS_LUA, key, owner, limit, new_nonce(), fence_arg(token), *completed
+        )
         if reply[0] != 1:
             raise LeaseLostError(key, owner, as_text(reply[1]) or None)
         return listed_signals(reply[1:])
