@@ -259,10 +259,7 @@ class ProtocolModel(OperatorSteps):
     ) -> LeaseResult | Full:
         self.observe(rec, now)
         if rec.owner is not None and rec.grant_nonce == nonce and rec.owner in rec.stored:
-            # [Q7] a resend of this very call, which was applied: while the granted signal is
-            # stored (a take's report [K1] can complete it under the same grant; then the
-            # rows below answer, as for any later delivery)
-            return rec.granted(sid)
+            return rec.granted(sid)  # [Q7] a resend of this applied call (its signal not done: K1)
         holder, token = rec.owner, (rec.token if rec.owner is not None else None)
         done = rec.done.get(sid)
         if (done is not None and done.ok) or any(d.id == sid for d in rec.dead):
