@@ -184,10 +184,14 @@ def test_a_key_with_a_big_completion_keeps_working_past_the_item_limit(
     """Issue 23 finding 3 as reported: take 130, complete, then completions go on. Without
     the fix ``d`` grows by each one (about 1 KiB here) until the item passes 400 KB and
     DynamoDB refuses every write of the key; with it ``d`` stays bounded and the 430th
-    completion works like the first."""
+    completion works like the first. make test runs 100 of them: past DONE_STORED_BYTES of
+    ids by a third, so the unbounded ``d`` would already fail the bound; make soak runs 430,
+    past the item limit itself."""
     provider = make(max_queue=1_000)
     complete_batch(provider, "owner", [f"s{i:03d}" for i in range(130)])
-    for n in range(430):  # each a grant and a release, none refused by the item limit
+    runs = 430 if os.environ.get("LEASEGUARD_SOAK") else 100
+    assert runs * 1_004 > DONE_STORED_BYTES * 4 // 3
+    for n in range(runs):  # each a grant and a release, none refused by the item limit
         clock.now += 5
         run_alone(provider, f"{n:04d}" + "L" * 1_000)
     item = assert_bounded(provider)
@@ -198,17 +202,19 @@ def test_a_long_run_at_a_high_rate_keeps_the_newest_ids(
     make: Make, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Completions 5 ms apart (200 a second, all inside the window) with request-id sized ids,
-    DONE_LIMIT + 200 of them: ``d`` stays bounded, the newest DONE_LIMIT ids are remembered
+    DONE_LIMIT + 100 of them: ``d`` stays bounded, the newest DONE_LIMIT ids are remembered
     and the oldest forgotten first (a resend of an evicted id then runs again: the documented
     limit of the dedupe window, DONE_LIMIT ids per key per DEDUPE_WINDOW_MS). make test runs
-    it with DONE_LIMIT at 200 (the memory's rules do not depend on the number); make soak
-    with the real 1,000."""
+    it with DONE_LIMIT at 120, past PRUNE_MIN (the memory's rules do not depend on the
+    number); make soak with the real 1,000."""
     from leaseguard.providers.dynamodb import done
 
-    limit = DONE_LIMIT if os.environ.get("LEASEGUARD_SOAK") else 200
+    limit = DONE_LIMIT if os.environ.get("LEASEGUARD_SOAK") else 120
+    assert limit > done.PRUNE_MIN
     monkeypatch.setattr(done, "DONE_LIMIT", limit)
     provider = make()
-    ids = [f"{n:04d}-{uuid.uuid4()}" for n in range(limit + 200)]
+    extra = 100  # completions past the limit: the oldest 100 are forgotten
+    ids = [f"{n:04d}-{uuid.uuid4()}" for n in range(limit + extra)]
     for sid in ids:
         clock.now += 5
         run_alone(provider, sid)
@@ -216,10 +222,10 @@ def test_a_long_run_at_a_high_rate_keeps_the_newest_ids(
     view = done_view(item["d"]["L"], clock.now)
     assert list(view) == ids[-limit:]
     assert len(item["d"]["L"]) <= 2 * limit + 64 + 2  # an id and a marker each, + garbage
-    late = provider.acquire_or_enqueue(KEY, Signal(ids[200], {}), TTL)
+    late = provider.acquire_or_enqueue(KEY, Signal(ids[extra], {}), TTL)
     assert (late.acquired, late.owner) == (False, None)  # the oldest remembered: duplicate
-    evicted = provider.acquire_or_enqueue(KEY, Signal(ids[199], {}), TTL)
-    assert evicted.acquired and evicted.owner == ids[199]  # forgotten: it runs again
+    evicted = provider.acquire_or_enqueue(KEY, Signal(ids[extra - 1], {}), TTL)
+    assert evicted.acquired and evicted.owner == ids[extra - 1]  # forgotten: it runs again
 
 
 def test_a_queue_filled_to_its_room_with_long_ids_completes_in_one_batch(

@@ -236,16 +236,22 @@ def test_handler_three_times_the_ttl_keeps_its_lease(provider: BaseLeaseProvider
 
 
 def test_renewal_thread_is_joined_when_the_handler_raises(provider: BaseLeaseProvider) -> None:
-    # A renewal runs during the handler (every 333 ms) with 600 ms of TTL left at its end.
-    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=1_000)
+    # A renewal runs during the handler (every 666 ms) with 1.2 s of TTL left at its end.
+    handles: list[Any] = []
+
+    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=2_000)
     def boom(event: Any, context: Any) -> None:
-        time.sleep(0.4)
+        handles.append(current_lease())
+        time.sleep(0.8)
         raise ValueError("boom")
 
     with pytest.raises(ValueError, match="boom"):
         boom({"k": "r"}, LambdaContext())
     assert renew_threads() == []
-    assert provider.get_lease_owner("r") is None  # handed off (released) before re-raising
+    (handle,) = handles
+    # handed off (released) before re-raising; only a lease the run had lost (a machine too
+    # loaded to renew in time, which the handle then says) is left to run out instead
+    assert provider.get_lease_owner("r") is None or handle.lost
 
 
 def short_ttl(provider: BaseLeaseProvider) -> int:
