@@ -79,7 +79,8 @@ model-check-drain: $(DEV_STAMP)
 # token grants on DynamoDB (make test: 250), the 200-event burst on DynamoDB (make test: 120),
 # the DynamoDB races at full size (make test: 25% of the cycles, 40% on raw moto) and the crash
 # test at 200 events (120 on DynamoDB; make test: half), and DynamoDB completions of 500 and
-# 1,000 signals and a long run at the real DONE_LIMIT (make test: up to 129, DONE_LIMIT 200).
+# 1,000 signals, 430 completions after a big one and a long run at the real DONE_LIMIT (make
+# test: up to 129, 100 completions, DONE_LIMIT 120).
 soak: model-check
 	LEASEGUARD_DIFF_SEQUENCES=2000 LEASEGUARD_DYNAMODB_ROUNDS=10000 LEASEGUARD_DYNAMODB_GRANTS=1000 \
 		LEASEGUARD_SOAK=1 $(BIN)/pytest --timeout 7200 tests/test_differential.py \
