@@ -5,18 +5,19 @@ BIN := $(VENV)/bin
 DEV_STAMP := $(VENV)/.installed-dev
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: test checks demo lint typecheck pytest model-check model-check-small \
+.PHONY: test checks niced-checks demo lint typecheck pytest model-check model-check-small \
 	model-check-core model-check-queue model-check-drain soak bench clean
 
-# make test runs in three phases, each using both cores without crowding the next:
+# make test runs in two phases:
 #   1. the two virtualenvs, installed at once (.venv, and .venv-sam for the SAM CLI);
-#   2. the checks that need no server, at once: ruff, mypy, the model check's two bounds,
-#      sam validate and sam build (CPU-bound, about half a minute together);
-#   3. pytest on PYTEST_WORKERS pytest-xdist workers (each starts its own Redis, Redis Cluster
-#      and moto servers). Most tests wait on servers, subprocesses and leases rather than
-#      compute, so three workers on two cores finish sooner than one, and alone in their phase
-#      they leave the renewals of the short-TTL tests on time. PYTEST_WORKERS=0 runs pytest in
-#      one process.
+#   2. pytest on PYTEST_WORKERS pytest-xdist workers (each starts its own Redis, Redis Cluster
+#      and moto servers) and, beside it at the lowest CPU priority (nice 19), the checks that
+#      need no server: ruff, mypy, the model check's bounds, sam validate and sam build. Most
+#      tests wait on servers, subprocesses and leases rather than compute (pytest keeps about
+#      one core of two busy), so the checks, CPU-bound, fill the idle core; niced, they yield
+#      it whenever a test needs it, and the renewals of the short-TTL tests stay on time as if
+#      pytest ran alone. Run one after the other, the two took about two minutes more.
+#      PYTEST_WORKERS=0 runs pytest in one process.
 PYTEST_WORKERS ?= 3
 CHECK_JOBS ?= 4
 
@@ -27,8 +28,13 @@ unexport PYTHONDONTWRITEBYTECODE
 
 test:
 	@$(MAKE) --no-print-directory -j2 $(DEV_STAMP) $(SAM_STAMP)
-	@$(MAKE) --no-print-directory -j$(CHECK_JOBS) --output-sync=target checks
-	@$(MAKE) --no-print-directory pytest
+	@$(MAKE) --no-print-directory -j$$(($(CHECK_JOBS) + 1)) --output-sync=target \
+		niced-checks pytest
+
+# The checks at the lowest CPU priority, each job of them too (a make started under nice runs
+# its recipes niced).
+niced-checks: | $(DEV_STAMP) $(SAM_STAMP)
+	@nice -n 19 $(MAKE) --no-print-directory -j$(CHECK_JOBS) --output-sync=target checks
 
 checks: sam-build model-check-core typecheck model-check-queue model-check-drain sam-validate lint
 
