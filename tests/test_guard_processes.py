@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from leaseguard.config import ProviderConfig
+from leaseguard.errors import QueueFull
 from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
 from leaseguard.signals import Signal
 from leaseguard.simulate.checker import check
@@ -103,11 +104,19 @@ def _racer(source: Any, worker: int, rounds: int, keys: int, out: Any) -> None:
     owner that is handing off or releasing."""
     provider = source.build()
     handled: list[str] = []
+    refused: list[str] = []
     try:
         for i in range(rounds):
             key = f"lw-{i % keys}"
             mine = Signal(f"w{worker}-{i}", {"i": i})
-            result = provider.acquire_or_enqueue(key, mine, 30_000)
+            try:
+                result = provider.acquire_or_enqueue(key, mine, 30_000)
+            except QueueFull:
+                # Refused visibly: forwarders that never wait can outrun the one owner (a
+                # thread starved of the GIL on a loaded machine) past max_queue. Not accepted,
+                # so not expected to run; everything accepted must.
+                refused.append(mine.id)
+                continue
             if not result.acquired:
                 continue
             owner = result.owner or mine.id
@@ -115,7 +124,7 @@ def _racer(source: Any, worker: int, rounds: int, keys: int, out: Any) -> None:
             while (nxt := provider.transfer_to_next(key, owner, 30_000)) is not None:
                 owner = nxt.id
                 handled.append(owner)
-        out.put(("ok", handled))
+        out.put(("ok", handled, refused))
     except Exception as exc:
         out.put(("error", f"{type(exc).__name__}: {exc}"))
 
@@ -175,6 +184,9 @@ def test_no_signal_is_left_on_a_free_key(backend_config: ProviderConfig) -> None
         state = provider.inspect_key(f"lw-{k}")
         assert (state.owner, state.queued, state.in_flight) == (None, (), ())
     counts = Counter(item for r in results for item in r[1])
-    expected = {f"w{w}-{i}" for w in range(workers) for i in range(per_worker)}
-    assert set(counts) == expected  # every signal was handled: none stranded on a free key
+    refused = {item for r in results for item in r[2]}
+    expected = {f"w{w}-{i}" for w in range(workers) for i in range(per_worker)} - refused
+    assert len(expected) > len(refused)  # the race ran: most forwards were accepted
+    # every accepted signal was handled: none stranded on a free key
+    assert set(counts) == expected
     assert max(counts.values()) == 1  # and none twice
