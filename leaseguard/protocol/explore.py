@@ -54,6 +54,8 @@ FAMILIES = {
     "queue-retries": ("queue",),
     "drain": ("drain", "memory"),
     "failover": ("failover",),
+    "dead": ("dead",),
+    "dead-faults": ("dead",),
 }
 
 
