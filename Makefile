@@ -6,7 +6,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: test checks niced-checks demo lint typecheck pytest model-check model-check-small \
-	model-check-core model-check-queue model-check-drain soak bench clean
+	model-check-core model-check-queue model-check-drain model-check-dead soak bench clean
 
 # make test runs in two phases:
 #   1. the two virtualenvs, installed at once (.venv, and .venv-sam for the SAM CLI);
@@ -36,7 +36,8 @@ test:
 niced-checks: | $(DEV_STAMP) $(SAM_STAMP)
 	@nice -n 19 $(MAKE) --no-print-directory -j$(CHECK_JOBS) --output-sync=target checks
 
-checks: sam-build model-check-core typecheck model-check-queue model-check-drain sam-validate lint
+checks: sam-build model-check-core typecheck model-check-queue model-check-drain model-check-dead \
+	sam-validate lint
 
 # sam build runs pip on this checkout (as pip install -e does for .venv): not both at once.
 sam-build: | $(DEV_STAMP)
@@ -66,8 +67,10 @@ model-check: $(DEV_STAMP)
 	$(BIN)/python -m leaseguard.protocol.explore --bound queue-retries --min-states 100000
 	$(BIN)/python -m leaseguard.protocol.explore --bound drain --min-states 50000
 	$(BIN)/python -m leaseguard.protocol.explore --bound failover --min-states 100000
+	$(BIN)/python -m leaseguard.protocol.explore --bound dead --min-states 5000
+	$(BIN)/python -m leaseguard.protocol.explore --bound dead-faults --min-states 100000
 
-model-check-small: model-check-core model-check-queue model-check-drain
+model-check-small: model-check-core model-check-queue model-check-drain model-check-dead
 
 model-check-core: $(DEV_STAMP)
 	$(BIN)/python -m leaseguard.protocol.explore --bound small
@@ -77,6 +80,10 @@ model-check-queue: $(DEV_STAMP)
 
 model-check-drain: $(DEV_STAMP)
 	$(BIN)/python -m leaseguard.protocol.explore --bound drain
+
+# The dead-letter bound (row G6, invariant (n)): a few thousand states, about a second.
+model-check-dead: $(DEV_STAMP)
+	$(BIN)/python -m leaseguard.protocol.explore --bound dead --min-states 5000
 
 # Soak-scale runs of what make test samples: the model at its default bound, the differential
 # suite at 2,000 sequences (50,000 operations) per backend with no time budget (DynamoDB on moto

@@ -242,9 +242,17 @@ def _capture(fn: Callable[[], Any]) -> tuple[str, Any]:
         return ("crash", f"{type(exc).__name__}: {exc}"[:300])
 
 
+# Every side keeps at most this many dead letters per key (row G6), so sequences reach the
+# bound and the backends are compared with the model past it (a signal kept on a halted key).
+DEAD_LIMIT = 1
+
+
 def model_side(name: str = "model", **options: Any) -> Side:
     clock = Clock(MODEL_EPOCH_MS)
     options.setdefault("max_payload_bytes", MAX_PAYLOAD_BYTES)
+    if "model" in options:
+        options["model"].dead_limit = DEAD_LIMIT
+    options.setdefault("dead_limit", DEAD_LIMIT)
     provider = InMemoryLeaseProvider(clock=clock, **options)
     return Side(name, provider, lambda ms: setattr(clock, "now", clock.now + ms))
 
@@ -268,7 +276,10 @@ def redis_side(client: Any, name: str = "redis") -> Side:
     from leaseguard.providers.redis import provider as redis_provider_module
 
     provider = RedisLeaseProvider(
-        client, prefix=f"d{uuid.uuid4().hex[:10]}:", max_payload_bytes=MAX_PAYLOAD_BYTES
+        client,
+        prefix=f"d{uuid.uuid4().hex[:10]}:",
+        max_payload_bytes=MAX_PAYLOAD_BYTES,
+        dead_limit=DEAD_LIMIT,
     )
     hook = ResendingRedis(provider.execute)
     provider.execute = hook
@@ -367,6 +378,7 @@ def dynamodb_side(table: str, client: Any, name: str = "dynamodb", **options: An
     options.setdefault("orphan_shards", 2)  # adopt_orphans queries each shard: 8 is slow here
     options.setdefault("clock_skew_ms", DYNAMODB_SKEW_MS)
     options.setdefault("max_payload_bytes", MAX_PAYLOAD_BYTES)
+    options.setdefault("dead_limit", DEAD_LIMIT)
     provider = DynamoDBLeaseProvider(table, client, clock=clock, **options)
     provider.create_table()
     hook = client._make_api_call

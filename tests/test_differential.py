@@ -383,6 +383,47 @@ REPROS: dict[str, list[Op]] = {
 }
 
 
+# Past the dead-letter bound (row G6; every side keeps differential.DEAD_LIMIT = 1): s1's own
+# event and then s2 (a forward, handed the key) fail with no room and wait at the head of the
+# halted key, a forward queues behind them (Q9), the sweeper leaves the key (D4), and each
+# redrive (V1) frees the list for the next. Random sequences reach the bound rarely.
+_LAST = {"error": "boom", "max_attempts": 1}
+REPROS["dead-letter-bound"] = [
+    Op("acquire_or_enqueue", "k0", id="s0", v=0),
+    Op("transfer_to_next", "k0", owner="s0", claim=True, token=T(0), failure=_LAST),
+    Op("acquire_or_enqueue", "k0", id="s1", v=1),
+    Op("acquire_or_enqueue", "k0", id="s2", v=2),
+    Op("transfer_to_next", "k0", owner="s1", claim=True, token=T(1),
+       failure={**_LAST, "requeue_owner": False}),
+    Op("acquire_or_enqueue", "k0", id="s3", v=3),
+    Op("adopt_orphans", "k0", claim=True),
+    Op("redrive", "k0"),
+    Op("adopt_orphans", "k0", claim=True),
+    Op("transfer_to_next", "k0", owner="s0", claim=True, token=T(2)),
+    Op("transfer_to_next", "k0", owner="s1", claim=True, token=T(3), failure=_LAST),
+    Op("transfer_to_next", "k0", owner="s2", claim=True, token=T(4), failure=_LAST),
+    Op("acquire_or_enqueue", "k0", id="s4", v=4),
+    Op("redrive", "k0"),
+    Op("adopt_orphans", "k0", claim=True),
+    Op("transfer_to_next", "k0", owner="s1", claim=True, token=T(5)),
+    Op("transfer_to_next", "k0", owner="s2", claim=True, token=T(6)),
+    Op("transfer_to_next", "k0", owner="s3", claim=True, token=T(7)),
+]  # fmt: skip
+
+
+def test_the_dead_letter_sequence_reaches_the_bound_on_the_model() -> None:
+    """REPROS["dead-letter-bound"] does what it says on the model: the two failures with no
+    room end in a halted release (N1), each redrive moves one, and every signal runs at last."""
+    trace: list[tuple[Op, Any]] = []
+    side = model_side("memory")
+    assert not run_sequence(0, side, ops=REPROS["dead-letter-bound"], trace=trace)
+    replies = [reply for _, (_, reply) in trace]
+    assert replies[4] is None and replies[11] is None  # kept on the halted key
+    assert replies[7] == replies[13] == 1  # [V1]
+    state = side.provider.inspect_key("k0")
+    assert state.owner == "s4" and not state.queued and not state.dead_letters
+
+
 @pytest.mark.parametrize("backend", ["redis", "redis-cluster", "dynamodb"])
 def test_found_sequences_agree_with_the_model(backend: str, request: pytest.FixtureRequest) -> None:
     client: Any

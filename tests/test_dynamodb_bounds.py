@@ -14,6 +14,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import boto3
@@ -255,3 +256,52 @@ def test_a_queue_filled_to_its_room_with_long_ids_completes_in_one_batch(
     clock.now += 10
     run_alone(provider, "after")
     assert_bounded(provider)
+
+
+def test_a_key_at_the_dead_letter_bound_stays_within_the_item_limit(
+    make: Make, clock: Clock
+) -> None:
+    """DEAD_LIMIT dead letters with 1 KiB ids and errors of MAX_ERROR_CHARS 4-byte characters
+    (the largest a report stores), then a queue forwarded full (to the room check, [Q8]) and
+    taken, and its whole batch failing on its last attempt: no dead letter fits, so every
+    one waits at the head of the halted key ([G6]); every write is accepted by DynamoDB's own
+    size rules, the lease item stays under 400 KB, and a redrive ([V1]) frees the list."""
+    from leaseguard.errors import QueueFull
+    from leaseguard.protocol.state import DEAD_LIMIT, MAX_ERROR_CHARS
+
+    provider = make(max_queue=1_000)
+    error = "\U0001f600" * MAX_ERROR_CHARS
+    # DEAD_LIMIT signals failing in one report (a batch: one owner, the rest taken)
+    ids = [f"x{n:03d}" + "D" * 1_020 for n in range(DEAD_LIMIT)]
+    first = provider.acquire_or_enqueue(KEY, Signal(ids[0], {}), TTL)
+    for sid in ids[1:]:
+        provider.acquire_or_enqueue(KEY, Signal(sid, {}), TTL)
+    assert len(provider.take_signals(KEY, ids[0], DEAD_LIMIT, token=first.token)) == DEAD_LIMIT - 1
+    provider.transfer_to_next(KEY, ids[0], TTL, token=first.token, error=error, max_attempts=1)
+    item = assert_bounded(provider)
+    assert len(item["x"]["L"]) == DEAD_LIMIT
+    (letter,) = [d for d in provider.inspect_key(KEY).dead_letters if d.id.startswith("x000")]
+    assert letter.error == error  # stored whole, out of the lease item
+    granted = provider.acquire_or_enqueue(KEY, Signal("own", {}), TTL)
+    assert granted.acquired
+    queued: list[str] = []
+    # make soak forwards until the room check refuses (about 60 here: each forward rewrites
+    # the growing item on moto); make test, 16
+    with pytest.raises(QueueFull) if os.environ.get("LEASEGUARD_SOAK") else nullcontext():
+        for n in range(1_000 if os.environ.get("LEASEGUARD_SOAK") else 16):
+            sid = f"q{n:03d}" + "Q" * 1_020
+            provider.acquire_or_enqueue(KEY, Signal(sid, {}), TTL)
+            queued.append(sid)
+    assert len(provider.take_signals(KEY, "own", len(queued), token=granted.token)) == len(queued)
+    assert_bounded(provider)
+    reply = provider.transfer_to_next(
+        KEY, "own", TTL, token=granted.token, error=error, max_attempts=1
+    )
+    assert reply is None  # [N1] halted
+    item = assert_bounded(provider)
+    state = provider.inspect_key(KEY)
+    assert state.halted and len(state.dead_letters) == DEAD_LIMIT
+    assert [s.id for s in state.queued] == ["own", *queued]
+    assert provider.redrive(KEY) == DEAD_LIMIT
+    assert_bounded(provider)
+    assert not provider.inspect_key(KEY).halted

@@ -41,7 +41,7 @@ from leaseguard.config import ProviderConfig, provider_from_env
 from leaseguard.handoff import Envelope
 from leaseguard.providers.base import BaseLeaseProvider
 from leaseguard.testing import LambdaContext
-from tests.conftest import let_leases_expire
+from tests.conftest import ProviderFactory, let_leases_expire
 from tests.test_guard import CountingMetrics, http_event
 from tests.test_guard_integrations import sqs_record
 
@@ -276,6 +276,115 @@ def test_a_signal_whose_runs_never_finish_is_dead_lettered_without_running_again
     (dead,) = state.dead_letters
     assert dead.id == "s" and dead.attempts == 3 and "did not finish" in dead.error
     assert state.owner is None and not state.queued
+
+
+# -- G6: a bounded dead-letter list ---------------------------------------------------------
+
+
+def _fail(provider: BaseLeaseProvider, key: str, sid: str, **report: Any) -> Signal | None:
+    """``sid`` owns ``key`` (a grant of its own); its run fails on its last attempt."""
+    granted = provider.acquire_or_enqueue(key, Signal(sid, {"n": sid}), TTL)
+    assert granted.acquired and granted.owner == sid
+    return provider.transfer_to_next(
+        key, sid, TTL, token=granted.token, error=f"{sid} failed", max_attempts=1, **report
+    )
+
+
+def _complete(provider: BaseLeaseProvider, key: str, signal: Signal | None) -> list[str]:
+    """Run ``signal`` and every signal handed on after it to success: the ids, in order."""
+    ran: list[str] = []
+    while signal is not None:
+        ran.append(signal.id)
+        signal = provider.transfer_to_next(key, signal.id, TTL, token=signal.token)
+    return ran
+
+
+def test_past_the_dead_letter_bound_a_failed_signal_stays_queued_and_halts_the_key(
+    make_provider: ProviderFactory, lease_backend: str
+) -> None:
+    """[G6] with ``dead_limit`` dead letters on the key, a failure that would dead-letter one
+    more keeps it at the head of the queue with its count (the invocation's own event too,
+    requeue_owner=False) and halts the key: nothing queued runs, new events queue (Q9), the
+    sweeper leaves it (D4). A redrive (V1) frees the list and resumes the key; nothing is
+    lost, and the list never holds more than the bound."""
+    provider = make_provider(lease_backend)(dead_limit=2)
+    key = "bounded"
+    assert _fail(provider, key, "a") is None
+    assert _fail(provider, key, "b") is None
+    assert [d.id for d in provider.inspect_key(key).dead_letters] == ["a", "b"]
+    owner = provider.acquire_or_enqueue(key, Signal("c", {"n": "c"}), TTL)
+    assert owner.acquired  # on_poison="skip": the dead letters alone do not halt
+    behind = provider.acquire_or_enqueue(key, Signal("d", {"n": "d"}), TTL)
+    assert behind.position == 1
+    handed = provider.transfer_to_next(
+        key, "c", TTL, token=owner.token, error="c failed", max_attempts=1, requeue_owner=False
+    )
+    assert handed is None  # [N1] halted: released, d not granted
+    state = provider.inspect_key(key)
+    assert state.halted and state.owner is None
+    assert [d.id for d in state.dead_letters] == ["a", "b"]  # the bound held
+    assert [(s.id, s.attempts) for s in state.queued] == [("c", 1), ("d", 0)]
+    assert key in provider.dead_letter_keys()
+    late = provider.acquire_or_enqueue(key, Signal("e", {"n": "e"}), TTL)
+    assert not late.acquired and late.owner is None and late.position == 3  # [Q9]
+    assert provider.adopt_orphans(TTL, 10) == []  # [D4]
+    assert provider.acquire_or_enqueue(key, Signal("c", {"n": "c"}), TTL).position == 1  # [Q3]
+
+    assert provider.redrive(key) == 2  # [V1] the list is free; the key resumes
+    state = provider.inspect_key(key)
+    assert not state.halted and not state.dead_letters
+    assert [(s.id, s.attempts) for s in state.queued] == [
+        ("a", 0), ("b", 0), ("c", 1), ("d", 0), ("e", 0),
+    ]  # fmt: skip
+    ((_, head),) = provider.adopt_orphans(TTL, 10, claim=True)
+    ran = _complete(provider, key, head)
+    # c, at max_attempts, is handed on with its count (the guard dead-letters it unrun);
+    # here it simply succeeds
+    assert ran == ["a", "b", "c", "d", "e"]
+    state = provider.inspect_key(key)
+    assert not state.queued and not state.dead_letters and not state.halted
+
+
+def test_a_full_dead_letter_list_keeps_a_batchs_failed_items_in_order(
+    make_provider: ProviderFactory, lease_backend: str
+) -> None:
+    """[G8] a partial report with no room for its failed items: each goes back to the head in
+    in-flight order with its count, the item that never ran with its count unchanged, the
+    completed one done; the key halts with the list at its bound of one."""
+    provider = make_provider(lease_backend)(dead_limit=1)
+    key = "batch"
+    assert _fail(provider, key, "poison") is None
+    owner = provider.acquire_or_enqueue(key, Signal("own", {}), TTL)
+    for sid in ("x", "y", "z"):
+        provider.acquire_or_enqueue(key, Signal(sid, {}), TTL)
+    assert [s.id for s in provider.take_signals(key, "own", 3, token=owner.token)] == [
+        "x", "y", "z",
+    ]  # fmt: skip
+    reply = provider.transfer_to_next(
+        key,
+        "own",
+        TTL,
+        token=owner.token,
+        error="boom",
+        max_attempts=1,
+        completed=["own", "x"],
+        failed=["y"],
+    )
+    assert reply is None
+    state = provider.inspect_key(key)
+    assert state.halted and [d.id for d in state.dead_letters] == ["poison"]
+    assert [(s.id, s.attempts) for s in state.queued] == [("y", 1), ("z", 0)]
+    again = provider.acquire_or_enqueue(key, Signal("x", {}), TTL)
+    assert not again.acquired and again.position is None  # [Q5] x completed
+
+
+def test_dead_limit_is_at_most_the_protocols_bound() -> None:
+    from leaseguard.protocol.state import DEAD_LIMIT
+
+    assert InMemoryLeaseProvider(dead_limit=DEAD_LIMIT).dead_limit == DEAD_LIMIT
+    for bad in (0, DEAD_LIMIT + 1):
+        with pytest.raises(InvalidLeaseArgument):
+            InMemoryLeaseProvider(dead_limit=bad)
 
 
 def test_an_unclaimed_grant_that_expires_three_times_keeps_its_attempts(

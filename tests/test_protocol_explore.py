@@ -71,6 +71,19 @@ def test_the_queue_family_mutants_are_caught_with_the_invariant_they_break() -> 
         assert found.message is not None and found.message.startswith(invariant), found.message
 
 
+def test_the_dead_letter_bound_holds_and_its_mutants_are_caught() -> None:
+    """Row G6's bound (invariant (n)) at the "dead" bound: the model holds it, and each mutant
+    of the rule breaks the invariant named (the dropped overflow is a lost event, (c))."""
+    assert check_model(PRESETS["dead"]).violations == 0
+    expected = {"dead-past-bound": "(n)", "dead-overflow-dropped": "(c)"}
+    expected["dead-overflow-not-halted"] = "(n)"
+    dead_mutants = {m.name: m for m in MUTANTS if m.family == "dead"}
+    assert set(dead_mutants) == set(expected)
+    for name, invariant in expected.items():
+        found = check_mutant(PRESETS["dead"], dead_mutants[name])
+        assert found.message is not None and found.message.startswith(invariant), found.message
+
+
 def test_the_explorer_runs_the_guards_own_flow() -> None:
     """Every invocation the explorer moves is leaseguard.guard's Invocation.flow, driven by
     the sync driver that ships: counting its calls during a tiny search finds them."""

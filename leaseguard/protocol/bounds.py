@@ -28,6 +28,12 @@ class Bounds:
     # with two or three events overflows it, so a forgotten id's resend is explored (the
     # invariants (d) and (f) excuse a repeat or a "lost" whose id an eviction forgot)
     done_limit: int | None = None
+    # the dead-letter bound (ProtocolModel(dead_limit=...)); None: DEAD_LIMIT. With a bound of 1
+    # and a poison signal, a second failure finds no room (row G6: kept at the head, halted)
+    dead_limit: int | None = None
+    # the first ``poison`` events are poison: their handler raises on every run, without
+    # taking a fault from the budget (so the faults left can fail another signal)
+    poison: int = 0
     # Redis failovers that lose a key's last write (its reply not yet delivered, as with
     # replicas=N; the model's failover_keeps_acknowledged says which), each one fault
     failovers: bool = False
@@ -74,6 +80,26 @@ PRESETS["drain"] = Bounds(
 # make test and make model-check: a Redis failover under replicas=N, over two events, with an
 # expiry (the failover fault is the one fault)
 PRESETS["failover"] = Bounds(events=2, faults=1, expiries=1, renews=0, takes=0, failovers=True)
+
+# make test and make model-check: the dead-letter bound (row G6, invariant (n)), over two
+# poison events: the first fills a dead-letter list of one, the second finds no room and waits
+# at the head of the halted key, and the operator's redrive (its reply may be lost) frees the
+# list: the redriven signal dies again, and the kept one is dead-lettered unrun in its place
+PRESETS["dead"] = Bounds(
+    events=2,
+    faults=0,
+    expiries=0,
+    renews=0,
+    takes=0,
+    max_attempts=1,
+    redrives=1,
+    platform_retries=0,
+    dead_limit=1,
+    poison=2,
+)
+# make model-check: the same with one poison signal and one fault of any kind (the second
+# failure is a handler raising, or any other fault meets a full dead-letter list)
+PRESETS["dead-faults"] = replace(PRESETS["dead"], faults=1, poison=1)
 
 # make model-check: the queue bounds with a platform retry of every refused or failed event
 PRESETS["queue-retries"] = replace(PRESETS["queue"], platform_retries=1)

@@ -147,6 +147,7 @@ class Client(Invariants):
         undo = (rec.clone(), w.book) if w.undo else None
         reply = apply(rec, w.now, nonce)
         self.count_attempts(w, rec, snapshot)
+        self.check_dead_bound(w, rec, op, snapshot[0], before)
         if op == "take_signals" and isinstance(reply, list):
             self.taken_unseen(w, [s.id for s in reply])
         if op in ("take_signals", "transfer_to_next") and not isinstance(reply, Lost):
@@ -180,9 +181,15 @@ class Client(Invariants):
         handle, name = wait.handle, a.aid
         rec = self.rec(w, a.key)
         lost = handle.lost_reason is not None or w.now / TICK_MS >= handle.valid_until
-        nw = w.copy()
-        nw.book = self.handled(nw.book, wait.ids)
-        yield from self.act(nw, n, a, "ok", f"{name} handler finishes {', '.join(wait.ids)}")
+        if wait.sid in self.events[: self.b.poison]:
+            # a poison signal: every run of it raises, and that takes no fault
+            nw = w.copy()
+            self.excuse(nw, wait.ids)
+            yield from self.act(nw, n, a, "raise", f"{name} handler raises on poison {wait.sid}")
+        else:
+            nw = w.copy()
+            nw.book = self.handled(nw.book, wait.ids)
+            yield from self.act(nw, n, a, "ok", f"{name} handler finishes {', '.join(wait.ids)}")
         if faults_left:
             nw = w.copy()
             self.fault(nw)

@@ -55,6 +55,8 @@ FAMILIES = {
     "queue-retries": ("queue",),
     "drain": ("drain", "memory"),
     "failover": ("failover",),
+    "dead": ("dead",),
+    "dead-faults": ("dead",),
 }
 
 

@@ -8,7 +8,9 @@
     forwarded events start in arrival order per key; (f) a run that held its lease is never told
     it lost it; (g) a released key never keeps queued signals (no lost wakeup); (h) a resent
     call that was applied is answered as applied; (i) on a halted key, nothing queued after its
-    dead letter starts; (j) no forward is queued past ``max_queue``.
+    dead letter starts; (j) no forward is queued past ``max_queue``; (n) no key holds more
+    than ``dead_limit`` dead letters, and a failure past that bound keeps its signal queued on
+    the halted key.
 
 Most are checked where the step that could break them happens (a run starting, a grant, a
 reply delivered); (a) and (g) on every state; (c) on quiescent states only.
@@ -22,7 +24,7 @@ from leaseguard.signals import Signal
 from leaseguard.types import LeaseResult
 
 from .guarded import TICK_MS
-from .state import KeyRecord, Lost
+from .state import DEAD_LIMIT, KeyRecord, Lost
 from .world import Actor, Call, ExplorerBase, World, event_index, show
 
 if TYPE_CHECKING:
@@ -178,6 +180,35 @@ class Invariants(ExplorerBase):
                 )
         return None
 
+    def check_dead_bound(
+        self, w: World, rec: KeyRecord, op: str, attempts: dict[str, int], stored: set[str]
+    ) -> None:
+        """(n) at a step (``attempts``: the stored signals' counts before it): a signal that
+        left the key's storage was completed, dead-lettered, or (its invocation's own event,
+        below ``max_attempts``) left to the platform's retry; a report that took a signal to
+        ``max_attempts`` without dead-lettering it (no room) halted the key."""
+        if w.violation is not None:
+            return
+        dead = {d.id for d in rec.dead}
+        # a done memory at its bound may have forgotten an id this very step completed
+        full = len(rec.done) >= self.model.done_limit
+        for sid in stored - set(rec.stored) - dead:
+            done = rec.done.get(sid)
+            left = done is not None and (done.ok or done.attempts < self.b.max_attempts)
+            if not left and not full:
+                w.violation = f"(n) {sid} left the backend: not completed, not dead-lettered"
+                return
+        if op != "transfer_to_next" or rec.halted:
+            return
+        for sid, kept in rec.stored.items():  # queued, or already handed the key
+            was = attempts.get(sid, 0)
+            if was < self.b.max_attempts <= kept.attempts:
+                w.violation = (
+                    f"(n) {sid} reached max_attempts, was not dead-lettered, and the key "
+                    "was not halted"
+                )
+                return
+
     def check_tokens(self, w: World, before: list[tuple[str | None, int]]) -> None:
         """(b): every new grant carries a larger token than any before it on that key."""
         for (owner, token), rec in zip(before, w.recs, strict=True):
@@ -191,10 +222,20 @@ class Invariants(ExplorerBase):
         if queued and not known and reply.position > self.b.max_queue and not w.violation:
             w.violation = f"(j) {sid} was queued at {reply.position}, past max_queue"
 
+    @staticmethod
+    def superseded(rec: KeyRecord, owner: str, token: int | None) -> bool:
+        """The done memory keeps one entry per id, the newest: once ``owner`` failed and then
+        ran and finished again under a later grant (its own event's platform retry, or a
+        redrive's run), a resend of the earlier grant's report finds the later token there
+        and is answered lost (docs/protocol.md, (h): not fixed; the run had failed already)."""
+        done = rec.done.get(owner)
+        return done is not None and token is not None and done.token > token
+
     def check_lost_reply(self, w: World, a: Actor, call: Call, handle: LeaseHandle) -> None:
         """(f): ``transfer_to_next`` answered lost to a run that still held its lease."""
         held = call.sent_at / TICK_MS < handle.valid_until and handle.lost_reason is None
         held = held and handle.grant_owner not in w.book.evicted
+        held = held and not self.superseded(self.rec(w, a.key), handle.grant_owner, handle.token)
         if held and w.violation is None:
             w.violation = (
                 f"(f) {a.aid} held its lease on {handle.grant_owner} but transfer_to_next said lost"
@@ -217,6 +258,7 @@ class Invariants(ExplorerBase):
         elif call.op == "transfer_to_next" and not isinstance(first, Lost):
             # past its bound the done memory may have forgotten this owner (docs/safety.md)
             bad = isinstance(reply, Lost) and call.args[0] not in w.book.evicted
+            bad = bad and not self.superseded(rec, call.args[0], call.args[1])
         if bad and w.violation is None:
             w.violation = f"(h) {a.aid}'s resent {call.op} was answered {show(reply)}"
 
@@ -245,6 +287,9 @@ class Invariants(ExplorerBase):
                     )
             if rec.owner is None and rec.expires == 0 and rec.queue and not rec.halted:
                 return f"(g) {key} was released with {list(rec.queue)} queued (lost wakeup)"
+            limit = DEAD_LIMIT if self.b.dead_limit is None else self.b.dead_limit
+            if len(rec.dead) > limit:
+                return f"(n) {key} holds {len(rec.dead)} dead letters, past its bound of {limit}"
         return None
 
     def quiescent(self, w: World) -> bool:

@@ -18,6 +18,7 @@ from leaseguard.types import LeaseResult, Signal
 
 from .operators import OperatorSteps
 from .state import (
+    DEAD_LIMIT,
     DEDUPE_WINDOW_MS,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_QUEUE,
@@ -37,6 +38,7 @@ from .state import (
 # The state's names stay importable from here, where the guard and the providers import them.
 __all__ = ["DEDUPE_WINDOW_MS", "DEFAULT_MAX_ATTEMPTS", "ProtocolModel", "clock_floor"]
 __all__ += ["DEFAULT_MAX_QUEUE", "DONE_LIMIT", "MAX_ERROR_CHARS", "TOKEN_MEMORY_MS", "Failure"]
+__all__ += ["DEAD_LIMIT"]
 __all__ += ["DeadEntry", "Done", "Full", "KeyRecord", "Lost", "Stored", "dead_letter"]
 
 
@@ -59,10 +61,12 @@ class ProtocolModel(OperatorSteps):
         token_floor: Callable[[int], int] = clock_floor,
         dedupe_window_ms: int = DEDUPE_WINDOW_MS,
         done_limit: int = DONE_LIMIT,
+        dead_limit: int = DEAD_LIMIT,
     ) -> None:
         self.token_floor = token_floor
         self.dedupe_window_ms = dedupe_window_ms
         self.done_limit = done_limit
+        self.dead_limit = dead_limit
 
     # -- shared pieces (rows G*) ----------------------------------------------------------------
 
@@ -143,6 +147,15 @@ class ProtocolModel(OperatorSteps):
         while len(rec.done) > self.done_limit:
             del rec.done[next(iter(rec.done))]
 
+    def no_room(self, rec: KeyRecord, sid: str, stored: Stored, back: list[str]) -> None:
+        """[G6] A failure would dead-letter ``sid`` on a key that holds ``dead_limit`` dead
+        letters already: failed work is never dropped, so it goes back to the head of the queue
+        with its count (the owner's own event too) and the key halts until a redrive (V1)
+        makes room."""
+        rec.stored[sid] = stored
+        back.append(sid)
+        rec.halted = True
+
     def complete(
         self,
         rec: KeyRecord,
@@ -153,8 +166,9 @@ class ProtocolModel(OperatorSteps):
         mark_owner: bool = True,
     ) -> None:
         """[G6] The owner finished: its in-flight signals are done (remembered for dedupe), or,
-        after a failure, retried at the head of the queue or dead-lettered; [G8] a partial
-        report says which. ``mark_owner``: ``transfer_to_next`` remembers its owner's id and
+        after a failure, retried at the head of the queue or dead-lettered (at most
+        ``dead_limit`` per key: then :meth:`no_room`); [G8] a partial report says which.
+        ``mark_owner``: ``transfer_to_next`` remembers its owner's id and
         token (N4 knows a resend by it); release and transfer do not (no signal owns them)."""
         token = rec.token
         back: list[str] = []
@@ -167,9 +181,12 @@ class ProtocolModel(OperatorSteps):
                 continue
             attempts = stored.attempts + (verdict == "failed")  # [G8] unrun: its count kept
             if verdict == "failed" and attempts >= failure.max_attempts:
-                error = failure.error[:MAX_ERROR_CHARS]
-                rec.dead.append(DeadEntry(sid, stored.record, attempts, error, now))
-                rec.halted = rec.halted or failure.halt
+                if len(rec.dead) < self.dead_limit:
+                    error = failure.error[:MAX_ERROR_CHARS]
+                    rec.dead.append(DeadEntry(sid, stored.record, attempts, error, now))
+                    rec.halted = rec.halted or failure.halt
+                    continue
+                self.no_room(rec, sid, Stored(stored.record, attempts), back)
             elif sid != owner or failure.requeue_owner or verdict == "unrun":
                 rec.stored[sid] = Stored(stored.record, attempts)
                 back.append(sid)

@@ -296,6 +296,42 @@ class ChargesUnclaimed(_Model):
         rec.in_flight = []
 
 
+class DeadPastBound(_Model):
+    """Dead letters with no bound (the old G6): a key's dead-letter list grows with every
+    signal that fails its last attempt."""
+
+    def complete(
+        self,
+        rec: KeyRecord,
+        owner: str,
+        now: int,
+        failure: Failure | None = None,
+        *,
+        mark_owner: bool = True,
+    ) -> None:
+        limit, self.dead_limit = self.dead_limit, 1 << 30
+        try:
+            super().complete(rec, owner, now, failure, mark_owner=mark_owner)
+        finally:
+            self.dead_limit = limit
+
+
+class OverflowDropped(_Model):
+    """A failure with no room left for its dead letter drops the signal."""
+
+    def no_room(self, rec: KeyRecord, sid: str, stored: Stored, back: list[str]) -> None:
+        return
+
+
+class OverflowNotHalted(_Model):
+    """A failure with no room left keeps its signal at the head without halting the key: the
+    next owner is handed a signal the guard cannot run and no dead letter can take."""
+
+    def no_room(self, rec: KeyRecord, sid: str, stored: Stored, back: list[str]) -> None:
+        rec.stored[sid] = stored
+        back.append(sid)
+
+
 class ReadThenEnqueueProvider(ExplorerProvider):
     """The forward as two steps: read the owner, then enqueue (or acquire) in a second step
     (the classic lost wakeup)."""
@@ -363,5 +399,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("halt-ignored", HaltIgnored, family="queue"),
     Mutant("redrive-drops", RedriveDrops, family="queue"),
     Mutant("redrive-resend-unrecognised", RedriveForgetsItsCall, family="queue"),
+    Mutant("dead-past-bound", DeadPastBound, family="dead"),
+    Mutant("dead-overflow-dropped", OverflowDropped, family="dead"),
+    Mutant("dead-overflow-not-halted", OverflowNotHalted, family="dead"),
     *(Mutant(name, family=family, source=change) for name, family, change in GUARD_MUTANTS),
 )

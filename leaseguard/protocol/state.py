@@ -27,6 +27,11 @@ TOKEN_MEMORY_MS = 60_000
 """An idle key (no owner, nothing queued, in flight, dead-lettered or remembered as done) is
 forgotten this long after it went idle; its next token then comes from the clock floor."""
 MAX_ERROR_CHARS = 1_000
+DEAD_LIMIT = 100
+"""At most this many dead letters are kept per key (row G6). A failure that would dead-letter
+a signal on a key already holding this many keeps the signal at the head of the queue, with
+its count, and halts the key until an operator redrives: failed work is never dropped, and a
+key's storage (DynamoDB's 400 KB lease item above all) stays bounded."""
 DEFAULT_MAX_QUEUE = 1_000
 """A forward into a key whose queue already holds this many signals is refused (row Q8)."""
 

@@ -295,6 +295,8 @@ class ExplorerBase:
         self.model = model or ProtocolModel(token_floor=lambda now: 0)
         if bounds.done_limit is not None:
             self.model.done_limit = bounds.done_limit
+        if bounds.dead_limit is not None:
+            self.model.dead_limit = bounds.dead_limit
         self.events = [f"e{i + 1}" for i in range(bounds.events)]
         self.keys = [f"k{i + 1}" for i in range(bounds.keys)]
         self.records = {s: encode_signal(Signal(s, s, 0)) for s in self.events}

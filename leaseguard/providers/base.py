@@ -15,6 +15,7 @@ from typing import ClassVar, Literal
 
 from leaseguard.errors import InvalidLeaseArgument
 from leaseguard.protocol.model import (
+    DEAD_LIMIT,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_QUEUE,
     MAX_ERROR_CHARS,
@@ -62,11 +63,15 @@ class BaseLeaseProvider(ABC):
         *,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        dead_limit: int = DEAD_LIMIT,
     ) -> None:
         self.max_payload_bytes = check_positive_int(
             "max_payload_bytes", max_payload_bytes, self._payload_ceiling()
         )
         self.max_queue = check_positive_int("max_queue", max_queue, MAX_QUEUE_LIMIT)
+        # Dead letters a key keeps (row G6): below DEAD_LIMIT only, never above it, since the
+        # DynamoDB lease item's room (docs/dynamodb.md) is reckoned with DEAD_LIMIT of them.
+        self.dead_limit = check_positive_int("dead_limit", dead_limit, DEAD_LIMIT)
 
     @classmethod
     def _payload_ceiling(cls) -> int:

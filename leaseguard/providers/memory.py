@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from leaseguard.errors import LeaseLostError, QueueFull
 from leaseguard.protocol.model import (
+    DEAD_LIMIT,
     DEFAULT_MAX_QUEUE,
     Failure,
     Full,
@@ -55,9 +56,12 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
         max_queue: int = DEFAULT_MAX_QUEUE,
         clock: Callable[[], int] | None = None,
         model: ProtocolModel | None = None,
+        dead_limit: int = DEAD_LIMIT,
     ) -> None:
-        super().__init__(max_payload_bytes=max_payload_bytes, max_queue=max_queue)
-        self.model = model or ProtocolModel()
+        super().__init__(
+            max_payload_bytes=max_payload_bytes, max_queue=max_queue, dead_limit=dead_limit
+        )
+        self.model = model or ProtocolModel(dead_limit=self.dead_limit)
         self._clock = clock or _monotonic_ms
         self._lock = threading.Lock()
         self._keys: dict[str, KeyRecord] = {}

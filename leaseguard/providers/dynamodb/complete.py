@@ -86,6 +86,10 @@ def complete(
     dead: list[tuple[str, str, int]] = []
     drop: list[str] = []
     own_attempts = 0
+    # [G6] past this many dead letters on the key a failed signal waits at the head instead
+    # (redrives change the version this write is pinned to, so the snapshot's count holds)
+    room = table.dead_limit - len(lease.dead)
+    kept = False
     for sid, ref in zip(lease.in_flight, lease.in_flight_refs, strict=False):
         attempts.pop(sid, None)
         verdict = failure.verdict(sid) if failure else "ok"
@@ -98,8 +102,14 @@ def complete(
             if count:
                 attempts[sid] = count
             back.append((sid, ref))
-        elif count >= failure.max_attempts:
+        elif count >= failure.max_attempts and len(dead) < room:
             dead.append((sid, ref, count))  # [G6] dead-lettered (the owner's own too)
+        elif count >= failure.max_attempts:
+            # [G6] no room for another dead letter: back to the head with its count (the
+            # owner's own too: never dropped), the key halted until a redrive [V1]
+            attempts[sid] = count
+            back.append((sid, ref))
+            kept = True
         elif sid != owner or failure.requeue_owner:
             attempts[sid] = count  # [G6] back to the head of the queue
             back.append((sid, ref))
@@ -148,7 +158,7 @@ def complete(
         values[":xid"] = [sid for sid, _, _ in dead]
         values[":xref"] = [mark_dead(table, key, *letter, error, now) for letter in dead]
         values[":dshard"] = table.dead_shard(key)
-    halting = bool(dead) and failure is not None and failure.halt
+    halting = kept or (bool(dead) and failure is not None and failure.halt)
     if halting:
         sets.append(HALT_SET)
         values[":true"] = True

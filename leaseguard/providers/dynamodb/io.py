@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from leaseguard.errors import LeaseBackendError
+from leaseguard.protocol.state import DEAD_LIMIT
 from leaseguard.providers.base import new_nonce
 from leaseguard.signals import decode_signal
 from leaseguard.types import Signal
@@ -76,6 +77,7 @@ class Table:
         clock_skew_ms: int,
         retention_s: int,
         orphan_shards: int,
+        dead_limit: int = DEAD_LIMIT,
     ) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
 
@@ -85,6 +87,7 @@ class Table:
         self.clock_skew_ms = clock_skew_ms
         self.retention_s = retention_s
         self.orphan_shards = orphan_shards
+        self.dead_limit = dead_limit  # dead letters a lease item lists at most [G6]
         self.client_error = ClientError
         self.botocore_error = BotoCoreError
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 from leaseguard.errors import InvalidLeaseArgument
-from leaseguard.protocol.model import DEFAULT_MAX_QUEUE, Failure
+from leaseguard.protocol.model import DEAD_LIMIT, DEFAULT_MAX_QUEUE, Failure
 from leaseguard.providers.base import BaseLeaseProvider
 from leaseguard.types import KeyState, LeaseResult, Signal, now_ms
 from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_positive_int
@@ -56,8 +56,11 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
         retry_config: Config | None = None,
         retention_s: int = DEFAULT_RETENTION_S,
         orphan_shards: int = DEFAULT_ORPHAN_SHARDS,
+        dead_limit: int = DEAD_LIMIT,
     ) -> None:
-        super().__init__(max_payload_bytes=max_payload_bytes, max_queue=max_queue)
+        super().__init__(
+            max_payload_bytes=max_payload_bytes, max_queue=max_queue, dead_limit=dead_limit
+        )
         if not isinstance(table_name, str) or not 3 <= len(table_name) <= 255:
             raise InvalidLeaseArgument("table_name must be a str of 3 to 255 characters")
         if isinstance(clock_skew_ms, bool) or not isinstance(clock_skew_ms, int):
@@ -78,6 +81,7 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
             clock_skew_ms,
             self.retention_s,
             self.orphan_shards,
+            self.dead_limit,
         )
 
     @property

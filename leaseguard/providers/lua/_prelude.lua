@@ -337,9 +337,12 @@ local function unstore(ids)
 end
 
 -- [G6] The owner (holding grant `token`) finished. Without a `failure` its in-flight signals are
--- done (remembered for dedupe). A failure {error=, requeue_owner=, max_attempts=, halt=} gives
--- each one more attempt: dead-lettered at max_attempts (indexed in deadidx; halting the key with
--- failure.halt), else back to the head in in-flight order, except the owner's own when not
+-- done (remembered for dedupe). A failure {error=, requeue_owner=, max_attempts=, halt=,
+-- dead_limit=} gives each one more attempt: dead-lettered at max_attempts (indexed in deadidx;
+-- halting the key with failure.halt) while the key holds fewer than dead_limit dead letters;
+-- with no room left it goes back to the head with its count (failed work is never dropped) and
+-- the key halts until a redrive [V1]; below max_attempts back to the head in in-flight order,
+-- except the owner's own when not
 -- requeue_owner: removed (the platform retries it), its count kept in its failed done entry for
 -- that retry (store_new). A partial report [G8] adds sets completed= (done) and failed= (as
 -- above): an id in neither never ran and goes back with its count. The owner's id is remembered
@@ -372,7 +375,12 @@ local function complete(owner, token, failure, mark_owner)
       back[#back + 1] = id -- [G8] it never ran: back to the head, its count kept
     else
       local tries = tonumber(attempts_of(id)) + 1
-      if tries >= failure.max_attempts then
+      if tries >= failure.max_attempts and redis.call('HLEN', dead) >= failure.dead_limit then
+        -- [G6] dead_limit dead letters already: it waits at the head, the key halted
+        redis.call('HSET', attempts, id, tries)
+        back[#back + 1] = id
+        set_halted(true)
+      elseif tries >= failure.max_attempts then
         local entry = cjson.encode({n = redis.call('HLEN', dead) + 1,
                                     r = redis.call('HGET', sigs, id), a = tries,
                                     e = failure.error, at = now_ms()})

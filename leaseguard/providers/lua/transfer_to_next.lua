@@ -1,7 +1,8 @@
 -- transfer_to_next: rows [N1]..[N5] (with [G2] [G3] [G4] [G6] [G7]).
 -- ARGV: member, owner, ttl_ms, claimed (1|0), token ('' for any), failed (1|0), error,
---       requeue_owner (1|0), max_attempts, halt (1|0: on_poison="halt"), then for a partial
---       report [G8]: n, n completed ids, the failed ids
+--       requeue_owner (1|0), max_attempts, halt (1|0: on_poison="halt"), dead_limit (the
+--       dead letters the key may hold [G6]), then for a partial report [G8]: n, n completed
+--       ids, the failed ids
 --   -> {1, head, token, stored_head, attempts}   handed off
 --   -> {2}                                       released (or a resend of an applied step
 --                                                that released or completed)
@@ -137,12 +138,12 @@ end
 local failure = nil
 if ARGV[6] == '1' then
   failure = {error = ARGV[7], requeue_owner = ARGV[8] == '1', max_attempts = tonumber(ARGV[9]),
-             halt = ARGV[10] == '1'}
-  if ARGV[11] then
+             halt = ARGV[10] == '1', dead_limit = tonumber(ARGV[11])}
+  if ARGV[12] then
     failure.completed, failure.failed = {}, {}
-    local n = tonumber(ARGV[11])
-    for i = 12, #ARGV do
-      (i < 12 + n and failure.completed or failure.failed)[ARGV[i]] = true
+    local n = tonumber(ARGV[12])
+    for i = 13, #ARGV do
+      (i < 13 + n and failure.completed or failure.failed)[ARGV[i]] = true
     end
   end
 end

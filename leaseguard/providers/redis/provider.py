@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from leaseguard.errors import InvalidLeaseArgument, LeaseBackendError, LeaseLostError, QueueFull
-from leaseguard.protocol.model import DEFAULT_MAX_QUEUE, Failure
+from leaseguard.protocol.model import DEAD_LIMIT, DEFAULT_MAX_QUEUE, Failure
 from leaseguard.providers.base import BaseLeaseProvider, new_nonce
 from leaseguard.signals import decode_signal
 from leaseguard.types import KeyState, LeaseResult, Signal, now_ms
@@ -68,6 +68,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
         max_queue: int = DEFAULT_MAX_QUEUE,
         replicas: int = 0,
         replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS,
+        dead_limit: int = DEAD_LIMIT,
     ) -> None:
         """
         Parameters
@@ -87,13 +88,18 @@ class RedisLeaseProvider(BaseLeaseProvider):
         replica_timeout_ms : int
             How long the primary waits for the acknowledgements, 1 to 60,000 ms; it must be
             below the client's socket timeout, or the client gives up on the reply first.
+        dead_limit : int
+            Dead letters a key keeps, at most :data:`~leaseguard.protocol.state.DEAD_LIMIT`
+            (the default; row G6: past it a failed signal waits at the head and the key halts).
 
         Raises
         ------
         InvalidLeaseArgument
             An argument is out of range, before any I/O.
         """
-        super().__init__(max_payload_bytes=max_payload_bytes, max_queue=max_queue)
+        super().__init__(
+            max_payload_bytes=max_payload_bytes, max_queue=max_queue, dead_limit=dead_limit
+        )
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
             raise InvalidLeaseArgument("prefix must be a str without '{' or '}'")
         check_replication(client, replicas, replica_timeout_ms)
@@ -273,7 +279,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
         failure: Failure | None = None,
     ) -> Signal | None:
         if failure is None:
-            failed: tuple[str | int, ...] = (0, "", 1, 1, 0)
+            failed: tuple[str | int, ...] = (0, "", 1, 1, 0, self.dead_limit)
         else:
             failed = (
                 1,
@@ -281,6 +287,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
                 int(failure.requeue_owner),
                 failure.max_attempts,
                 int(failure.halt),
+                self.dead_limit,
             )
             if failure.completed is not None:  # [G8] a partial report: the ids it names
                 failed += (len(failure.completed), *failure.completed, *failure.failed)
