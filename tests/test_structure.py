@@ -31,7 +31,12 @@ MAX_LINES = 400
 LAYERS: list[tuple[str, ...]] = [
     ("leaseguard.types", "leaseguard.errors", "leaseguard.lazy", "leaseguard.aws"),
     ("leaseguard.validation", "leaseguard.signals", "leaseguard.events"),
-    ("leaseguard.protocol.state", "leaseguard.protocol.operators", "leaseguard.protocol.model"),
+    (
+        "leaseguard.protocol.state",
+        "leaseguard.protocol.operators",
+        "leaseguard.protocol.transitions",
+        "leaseguard.protocol.model",
+    ),
     ("leaseguard.providers", "leaseguard.config", "leaseguard.contract"),
     (
         "leaseguard.renewal",
@@ -50,6 +55,7 @@ TOOLS = ("leaseguard.protocol", "leaseguard.testing", "leaseguard.simulate")
 RUNTIME_PROTOCOL = (
     "leaseguard.protocol.state",
     "leaseguard.protocol.operators",
+    "leaseguard.protocol.transitions",
     "leaseguard.protocol.model",
 )
 

@@ -13,18 +13,23 @@ from dataclasses import dataclass, replace
 
 from leaseguard.types import LeaseResult, Signal
 
+from .failed_work_mutants import (
+    BoundIgnored,
+    DeadPastBound,
+    HaltIgnored,
+    MutantModel,
+    OverflowDropped,
+    OverflowNotHalted,
+    RedriveDrops,
+    RedriveForgetsItsCall,
+)
 from .guarded import ExplorerProvider
 from .model import ProtocolModel
 from .source_mutants import GUARD_MUTANTS, SourceChange, source_mutation
 from .state import DEFAULT_MAX_QUEUE, Done, Failure, Full, KeyRecord, Lost, Stored
 
 
-class _Model(ProtocolModel):
-    def __init__(self) -> None:
-        super().__init__(token_floor=lambda now: 0)
-
-
-class ReadThenEnqueue(_Model):
+class ReadThenEnqueue(MutantModel):
     """The forwarder reads the owner, then appends in a second step (the classic lost wakeup):
     the client sends ``enqueue`` after ``get_lease_owner`` said the key was held."""
 
@@ -35,7 +40,7 @@ class ReadThenEnqueue(_Model):
         return LeaseResult(False, rec.owner, rec.token, position=len(rec.queue))
 
 
-class ReleaseIgnoringQueue(_Model):
+class ReleaseIgnoringQueue(MutantModel):
     """``transfer_to_next`` releases without looking at the queue."""
 
     def transfer_to_next(
@@ -56,7 +61,7 @@ class ReleaseIgnoringQueue(_Model):
         return None
 
 
-class HandoffKeepsToken(_Model):
+class HandoffKeepsToken(MutantModel):
     """A hand-off gives the next owner the finishing owner's token."""
 
     def grant_head(
@@ -78,7 +83,7 @@ class HandoffKeepsToken(_Model):
         return replace(signal, token=token)
 
 
-class GrantResendUnrecognised(_Model):
+class GrantResendUnrecognised(MutantModel):
     """``acquire_or_enqueue`` forgets the nonce of the call that made the grant, so its resend
     reads its own grant as someone else's (a duplicate)."""
 
@@ -98,7 +103,7 @@ class GrantResendUnrecognised(_Model):
         return result
 
 
-class _RewritesFailures(_Model):
+class _RewritesFailures(MutantModel):
     """G6 applies a failure report as :meth:`rewrite` changes it (and the record with it)."""
 
     def rewrite(self, rec: KeyRecord, owner: str, failure: Failure) -> Failure:
@@ -128,7 +133,7 @@ class FailureDropsTaken(_RewritesFailures):
         return failure
 
 
-class NoDedupeAfterCompletion(_Model):
+class NoDedupeAfterCompletion(MutantModel):
     """Completed ids are not remembered: a late resend of a forward queues it again."""
 
     def remember_done(
@@ -137,7 +142,7 @@ class NoDedupeAfterCompletion(_Model):
         super().remember_done(rec, sid, token, now, ok=False, attempts=attempts)
 
 
-class DoneForgetsNewest(_Model):
+class DoneForgetsNewest(MutantModel):
     """The done memory past its bound forgets its newest id instead of its oldest."""
 
     def remember_done(
@@ -149,7 +154,7 @@ class DoneForgetsNewest(_Model):
         rec.done[sid] = Done(token, now, ok, attempts)
 
 
-class AdoptDropsInFlight(_Model):
+class AdoptDropsInFlight(MutantModel):
     """Adoption forgets what the dead owner had in flight."""
 
     def requeue_in_flight(self, rec: KeyRecord) -> None:
@@ -158,7 +163,7 @@ class AdoptDropsInFlight(_Model):
         rec.in_flight = []
 
 
-class ClaimTwice(_Model):
+class ClaimTwice(MutantModel):
     """A hand-off grant can be claimed by every copy of its envelope."""
 
     def claim(
@@ -168,7 +173,7 @@ class ClaimTwice(_Model):
         return super().claim(rec, owner, token, ttl_ms, nonce, now)
 
 
-class ResentReleaseLost(_Model):
+class ResentReleaseLost(MutantModel):
     """A resent ``transfer_to_next`` is only recognised while p/pt still name the caller."""
 
     def transfer_to_next(
@@ -185,62 +190,6 @@ class ResentReleaseLost(_Model):
         if not rec.holds(owner, token) and rec.prev != owner:
             return Lost(rec.owner)
         return super().transfer_to_next(rec, owner, ttl_ms, claim, token, now, failure)
-
-
-class BoundIgnored(_Model):
-    """A forward is queued however long the queue already is (row Q8 missing)."""
-
-    def acquire_or_enqueue(
-        self,
-        rec: KeyRecord,
-        sid: str,
-        record: str,
-        ttl_ms: int,
-        nonce: str,
-        now: int,
-        max_queue: int = DEFAULT_MAX_QUEUE,
-    ) -> LeaseResult | Full:
-        return super().acquire_or_enqueue(rec, sid, record, ttl_ms, nonce, now, 1 << 30)
-
-
-class HaltIgnored(_Model):
-    """A hand-off grants the head of a halted key's queue (row N1's halt missing)."""
-
-    def transfer_to_next(
-        self,
-        rec: KeyRecord,
-        owner: str,
-        ttl_ms: int,
-        claim: bool,
-        token: int | None,
-        now: int,
-        failure: Failure | None = None,
-    ) -> Signal | Lost | None:
-        if failure is not None:
-            failure = replace(failure, halt=False)
-        return super().transfer_to_next(rec, owner, ttl_ms, claim, token, now, failure)
-
-
-class RedriveDrops(_Model):
-    """A redrive clears the dead letters without queueing them (row V1 broken)."""
-
-    def redrive(
-        self, rec: KeyRecord, ids: tuple[str, ...] | None, now: int, nonce: str | None = None
-    ) -> int:
-        moved = len(rec.dead)
-        rec.dead = []
-        rec.halted = False
-        return moved
-
-
-class RedriveForgetsItsCall(_Model):
-    """A redrive does not recognise its own resend (row V3 missing): a lost reply's resend
-    answers as a new call."""
-
-    def redrive(
-        self, rec: KeyRecord, ids: tuple[str, ...] | None, now: int, nonce: str | None = None
-    ) -> int:
-        return super().redrive(rec, ids, now, None)
 
 
 class PartialUnrunCompleted(_RewritesFailures):
@@ -278,14 +227,14 @@ class PartialCompletedRequeued(_RewritesFailures):
         return super().take(rec, owner, limit, token, nonce, now, completed)
 
 
-class FailoverWithoutWait(_Model):
+class FailoverWithoutWait(MutantModel):
     """Redis replicas without ``replicas=N``: a failover may lose a write whose reply was
     delivered (an accepted forward, a grant its owner runs under; issue 23 finding 5)."""
 
     failover_keeps_acknowledged = False
 
 
-class ChargesUnclaimed(_Model):
+class ChargesUnclaimed(MutantModel):
     """The old G5: every in-flight signal of a dead owner is charged an attempt, also the
     signal of a grant that was never claimed (its envelope was late), which never ran."""
 
@@ -294,42 +243,6 @@ class ChargesUnclaimed(_Model):
             rec.stored[sid].attempts += 1
         rec.queue[0:0] = rec.in_flight
         rec.in_flight = []
-
-
-class DeadPastBound(_Model):
-    """Dead letters with no bound (the old G6): a key's dead-letter list grows with every
-    signal that fails its last attempt."""
-
-    def complete(
-        self,
-        rec: KeyRecord,
-        owner: str,
-        now: int,
-        failure: Failure | None = None,
-        *,
-        mark_owner: bool = True,
-    ) -> None:
-        limit, self.dead_limit = self.dead_limit, 1 << 30
-        try:
-            super().complete(rec, owner, now, failure, mark_owner=mark_owner)
-        finally:
-            self.dead_limit = limit
-
-
-class OverflowDropped(_Model):
-    """A failure with no room left for its dead letter drops the signal."""
-
-    def no_room(self, rec: KeyRecord, sid: str, stored: Stored, back: list[str]) -> None:
-        return
-
-
-class OverflowNotHalted(_Model):
-    """A failure with no room left keeps its signal at the head without halting the key: the
-    next owner is handed a signal the guard cannot run and no dead letter can take."""
-
-    def no_room(self, rec: KeyRecord, sid: str, stored: Stored, back: list[str]) -> None:
-        rec.stored[sid] = stored
-        back.append(sid)
 
 
 class ReadThenEnqueueProvider(ExplorerProvider):
@@ -366,7 +279,7 @@ class Mutant:
     source: SourceChange | None = None
 
     def model(self) -> ProtocolModel:
-        return self.model_class() if self.model_class is not ProtocolModel else _Model()
+        return self.model_class() if self.model_class is not ProtocolModel else MutantModel()
 
     @contextmanager
     def applied(self) -> Iterator[None]:
