@@ -520,6 +520,49 @@ def test_dead_letters_are_copied_to_the_dead_letter_queue(monkeypatch: Any) -> N
     assert [d.payload["n"] for d in provider.inspect_key("d").dead_letters] == ["poison"]
 
 
+def test_a_signal_kept_for_a_full_dead_letter_list_is_not_reported_dead_lettered(
+    make_provider: ProviderFactory, lease_backend: str, monkeypatch: Any
+) -> None:
+    """[G6] invariant (n): the guard does not tell people a signal was dead-lettered when the
+    key kept it instead (its dead-letter list full, the key halted). The first poison event
+    is dead-lettered (counted, copied to the dead-letter queue); the second is kept at the
+    head of the queue: counted ``SignalKeptHalted``, logged as kept, and not copied."""
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    provider = make_provider(lease_backend)(dead_limit=1)
+    metrics = CountingMetrics()
+    with mock_aws():
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        url = sqs.create_queue(QueueName="leaseguard-dead-letters")["QueueUrl"]
+
+        @lease_owned(
+            lambda e: e["k"],
+            provider=provider,
+            ttl_ms=TTL,
+            max_attempts=1,
+            dead_letter_queue_url=url,
+            sqs_client=sqs,
+            metrics=metrics,
+        )
+        def handler(event: dict[str, Any], context: Any) -> str:
+            raise ValueError(f"cannot parse {event['n']}")
+
+        for poison in ("first", "second"):
+            with pytest.raises(ValueError, match="cannot parse"):
+                handler({"k": "full", "n": poison}, LambdaContext())
+        messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
+    assert [json.loads(m["Body"])["payload"]["n"] for m in messages] == ["first"]
+    assert metrics.names.count("SignalDeadLettered") == 1
+    assert metrics.names.count("SignalKeptHalted") == 1
+    state = provider.inspect_key("full")
+    assert [d.payload["n"] for d in state.dead_letters] == ["first"]
+    assert state.halted and [s.payload["n"] for s in state.queued] == ["second"]
+
+
 def test_max_attempts_comes_from_the_environment(monkeypatch: Any) -> None:
     monkeypatch.setenv("LEASEGUARD_MAX_ATTEMPTS", "5")
     guarded = lease_owned("k", provider=InMemoryLeaseProvider())(lambda e, c: None)

@@ -2,7 +2,8 @@
 
 The backend decides a failed signal's fate when the owner hands off (docs/protocol.md, row G6):
 back to the head of the queue with one more attempt, or dead-lettered on the key at
-``max_attempts``. This module only tells people about it.
+``max_attempts`` (or, the key's dead-letter list being full, kept at the head with the key
+halted). This module only tells people about it.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import json
 import logging
 
 from leaseguard import aws
+from leaseguard.errors import LeaseguardError
 from leaseguard.observability import Telemetry
-from leaseguard.types import Signal, now_ms
+from leaseguard.types import QueueProvider, Signal, now_ms
 
 from .options import GuardOptions
 
@@ -36,11 +38,12 @@ class FailureReporter:
         was lost first: then the signal is simply delivered again after the lease expires).
         True when the report dead-letters it."""
         dead = reported and signal.attempts + 1 >= self.options.max_attempts
-        self.telemetry.count("SignalDeadLettered" if dead else "SignalFailed")
+        if not dead:  # a last attempt is counted once the report says where it went
+            self.telemetry.count("SignalFailed")
         if not reported:
             fate = "the lease was lost: it is delivered again once the lease expires"
         elif dead:
-            fate = "dead-lettered"
+            fate = "its last attempt: dead-lettered with the hand-off"
         else:
             fate = "it goes back to the head of the queue"
         self.telemetry.log(
@@ -58,6 +61,47 @@ class FailureReporter:
             except Exception:
                 _log.exception("on_signal_error callback failed")
         return dead
+
+    def reported_dead(
+        self, provider: QueueProvider, key: str, dead: list[Signal], error: BaseException
+    ) -> None:
+        """After the hand-off that reported ``dead`` at their last attempt: those the key now
+        holds as dead letters are counted (``SignalDeadLettered``) and copied to
+        ``dead_letter_queue_url``; any the key kept at the head of its queue instead, its
+        dead-letter list being full (docs/protocol.md, G6, invariant (n)), are counted
+        ``SignalKeptHalted`` and said so: the key is halted until a redrive, and nothing went
+        to the dead-letter queue. One read of the key, only on this rare path; when it fails
+        (or a provider of another package has no ``inspect_key``) they are counted as
+        dead-lettered (what the report asked for) and copied."""
+        inspect = getattr(provider, "inspect_key", None)
+        try:
+            if inspect is None:
+                raise LeaseguardError("the provider has no inspect_key")
+            held = {letter.id for letter in inspect(key).dead_letters}
+        except Exception as exc:  # a read for a report: the hand-off itself succeeded
+            self.telemetry.log(
+                logging.WARNING,
+                "could not read which signals the key dead-lettered; counting all as such",
+                lease_key=key,
+                error=str(exc),
+            )
+            held = {signal.id for signal in dead}
+        lettered = [signal for signal in dead if signal.id in held]
+        for signal in dead:
+            if signal.id in held:
+                self.telemetry.count("SignalDeadLettered")
+                continue
+            self.telemetry.count("SignalKeptHalted")
+            self.telemetry.log(
+                logging.ERROR,
+                "the key's dead-letter list is full: the signal at its last attempt is kept at"
+                " the head of its queue and the key halted until a redrive",
+                lease_key=key,
+                signal_id=signal.id,
+                attempts=signal.attempts + 1,
+                error=describe(error),
+            )
+        self.send_dead_letters(key, lettered, error)
 
     def send_dead_letters(self, key: str, dead: list[Signal], error: BaseException) -> None:
         """Copies of what was just dead-lettered on the key, to ``dead_letter_queue_url``. The

@@ -275,7 +275,7 @@ class Invocation:
                 self._lost_before_handoff(handle, lost, provider)
                 break
             if dead and error is not None:
-                self.guard.failures.send_dead_letters(key, dead, error)
+                self.guard.failures.reported_dead(provider, key, dead, error)
             if nxt is None:
                 break
             telemetry.count("LeaseHandedOff")

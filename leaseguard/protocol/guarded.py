@@ -48,7 +48,7 @@ from leaseguard.handoff import Dispatcher, Envelope, dispatch_orphans
 from leaseguard.observability import Telemetry
 from leaseguard.providers.memory import InMemoryLeaseProvider, Step, T
 from leaseguard.renewal import LeaseHandle, LeaseRenewer, current_lease
-from leaseguard.types import Signal
+from leaseguard.types import KeyState, Signal
 
 from .model import ProtocolModel
 
@@ -207,6 +207,13 @@ class ExplorerProvider(InMemoryLeaseProvider):
         replay = self.driver.replay
         replay.held = [sid for sid in replay.held if sid not in completed]
         return taken
+
+    def _inspect(self, key: str) -> KeyState:
+        # The guard reads which of its last-attempt signals the key dead-lettered (the rest
+        # were kept, the list being full): a step like any other, whose reply may be late,
+        # lost or given up on.
+        model = self.model
+        return self._step(key, "inspect_key", (), lambda rec, now, _: model.inspect(rec, key, now))
 
     def _orphan_keys(self) -> list[str]:
         return [self.driver.spec.key]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from leaseguard.signals import Signal, encode_signal
-from leaseguard.types import LeaseResult
+from leaseguard.types import KeyState, LeaseResult
 
 from .bounds import Bounds
 from .guarded import TICK_MS, ActorSpec, Advance, Input
@@ -170,6 +170,10 @@ def _rel(value: Any, base: int) -> Any:
         return ("L", *(_rel(v, base) for v in value))
     if isinstance(value, (Lost, Full)):
         return value
+    if isinstance(value, KeyState):
+        # inspect_key's reply: the guard reads only which ids are dead letters (see
+        # FailureReporter.reported_dead), so states that differ in the rest are one
+        return ("K", tuple(letter.id for letter in value.dead_letters))
     if isinstance(value, tuple):
         return tuple(_rel(v, base) for v in value)
     if isinstance(value, int) and not isinstance(value, bool):
@@ -275,6 +279,8 @@ def show(reply: Any) -> str:
         return f"lost (holder {reply.holder})"
     if isinstance(reply, Full):
         return f"queue full at {reply.depth} (holder {reply.holder})"
+    if isinstance(reply, KeyState):
+        return f"dead letters {[letter.id for letter in reply.dead_letters]}"
     if isinstance(reply, tuple):
         return "[" + ", ".join(s.id for s in reply) + "]"
     return repr(reply)
