@@ -15,11 +15,14 @@ base=$1 python312=$2 app=$3 out=$4
 layer=$app/LeaseguardLayer
 [ -d "$layer/python" ] || { echo "no built layer in $layer" >&2; exit 1; }
 
-# unchecked-hash: the .pyc is used whatever the source's mtime (docker's ADD and sam build both
-# touch them), and is the same bytes for the same source. -q prints only what does not compile
-# (a few vendored test files may not); that is no reason to stop, the import check below is.
-"$python312" -m compileall -q -j 0 --invalidation-mode unchecked-hash \
-    "$layer/python" "$app"/*Function >/dev/null || echo "compileall: some files did not compile"
+# The layer's .pyc: unchecked-hash, used whatever the source's mtime (docker's ADD sets its
+# own), and the same bytes for the same source, so the image's name stays the same. The
+# functions' code is mounted from the build directory, where an edit must not run stale
+# bytecode: checked-hash. -q prints only what does not compile (a vendored test file may not);
+# that is no reason to stop, the import check below is.
+"$python312" -m compileall -q -j 0 --invalidation-mode unchecked-hash "$layer/python" >/dev/null \
+    || echo "compileall: some files of the layer did not compile"
+"$python312" -m compileall -q --invalidation-mode checked-hash "$app"/*Function >/dev/null
 
 digest=$( { docker image inspect -f '{{.Id}}' "$base";
     cd "$layer" && find . -type f ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum; } \
