@@ -170,13 +170,16 @@ sam-build: $(SAM_STAMP)
 	rm -rf build
 	cd .aws-sam/build/ThreadWorkerFunction && $(SAM_ENV) PYTHONPATH=../LeaseguardLayer/python \
 		CONVERSATION_TABLE_NAME=t $(PYTHON312) -c 'import app, leaseguard.providers.redis'
+	cd .aws-sam/build/BatchWorkerFunction && $(SAM_ENV) PYTHONPATH=../LeaseguardLayer/python \
+		CONVERSATION_TABLE_NAME=t $(PYTHON312) -c 'import batch'
 	cd .aws-sam/build/SweeperFunction && $(SAM_ENV) PYTHONPATH=../LeaseguardLayer/python \
 		WORKER_FUNCTION_NAME=w $(PYTHON312) -c 'import app, leaseguard.providers.dynamodb'
 	test -f .aws-sam/build/LeaseguardLayer/python/leaseguard/providers/lua/acquire_or_enqueue.lua
 
 # The SAM app end to end in Lambda containers, offline (docs/local.md): Docker from Debian's
-# packages and dockerd if absent, a python3.12 Lambda image built once, sam build for x86_64, and
-# sam-local/tests against sam local start-api and start-lambda on Redis and on moto. Not part of
-# make test (a fresh clone: about 9 minutes, the image build included); it stops, by pid, everything it starts.
+# packages and dockerd if absent, a python3.12 Lambda image built once, sam build for x86_64 with
+# the built layer added to an image of its own, and sam-local/tests against sam local start-api,
+# start-lambda and invoke on Redis and on moto. Not part of make test (.ci/run runs it after);
+# it stops, by pid, everything it starts. Times: docs/benchmarks.md.
 sam-local: $(SAM_STAMP) $(DEV_STAMP)
 	sam-local/run.sh $(BIN)/python $(SAM) "$(PYTHON312)"

@@ -6,7 +6,9 @@
 #      (SAM_LOCAL_BRIDGE), so containers reach this machine at the bridge's gateway and nothing
 #      else. A dockerd that already runs is used as it is.
 #   2. The Lambda-like python3.12 image (sam-local/build-image.sh), built once and kept.
-#   3. sam build for x86_64 into .aws-sam/sam-local.
+#   3. sam build for x86_64 into .aws-sam/sam-local, and the built layer added to the image
+#      (sam-local/app-image.sh), which the functions run on from a copy of the built template
+#      without `Layers` (see 3b below).
 #   4. The end-to-end suite (sam-local/tests), which starts a Redis, a moto server, start-api
 #      and start-lambda per backend and stops them by pid.
 #   5. One line: `sam local: N checks passed`. Whatever this script started, it stops by pid.
@@ -74,9 +76,22 @@ PATH="$(dirname "$python312"):$PATH" AWS_DEFAULT_REGION=us-east-1 SAM_CLI_TELEME
     >"$state/sam-build.log" 2>&1 || fail "sam build (see $state/sam-build.log)"
 rm -rf build
 
+# 3b. The built layer in the image, not as a SAM layer. `sam local` rebuilds its image for a
+# function on every invocation when the function has a layer defined in the template (it sends
+# the 42 MB layer to dockerd again and waits for the build, one invocation at a time behind a
+# lock): five concurrent cold requests queued 10 s each behind that and the owner they were
+# forwarded to ran past its timeout. So the layer sam build made is added at /opt (where Lambda
+# puts layers) to an image of its own, named after its contents, and the functions run from a
+# copy of the built template without `Layers`. The layer's Python is compiled to bytecode
+# first: /opt is thrown away with each container, so every cold start compiled it again.
+"$root/sam-local/app-image.sh" "$image" "$python312" "$build_dir/app" "$state/app-image" \
+    >"$state/app-image.log" 2>&1 || fail "the app image (see $state/app-image.log)"
+app_image=$(cat "$state/app-image")
+
 # 4. The suite
 rm -rf "$build_dir/run" "$build_dir/results.jsonl" "$build_dir/report.xml"
-SAM_LOCAL_GATEWAY=$gateway SAM_LOCAL_IMAGE=$image SAM_LOCAL_BUILD_DIR=$build_dir/app \
+SAM_LOCAL_GATEWAY=$gateway SAM_LOCAL_IMAGE=$app_image SAM_LOCAL_BUILD_DIR=$build_dir/app \
+    SAM_LOCAL_TEMPLATE=$build_dir/app/template-local.yaml \
     SAM_LOCAL_SAM=$sam SAM_LOCAL_RESULTS=$build_dir/results.jsonl SAM_LOCAL_RUN_DIR=$build_dir/run \
     "$python" -m pytest sam-local/tests -p no:cacheprovider -q --timeout 900 \
     --junitxml "$build_dir/report.xml"

@@ -177,6 +177,9 @@ def _action(operation: str) -> str:
     return "".join(part.title() for part in operation.split("_"))
 
 
+SQS_POLLING = ("DeleteMessage", "GetQueueAttributes", "ReceiveMessage")
+
+
 def _expected_grants() -> dict[str, set[tuple[str, str]]]:
     """(IAM action, resource) per function, derived from the source: the lease provider's
     client calls reachable from what the guard (worker) and ``dispatch_orphans`` (sweeper)
@@ -223,6 +226,18 @@ def _expected_grants() -> dict[str, set[tuple[str, str]]]:
         if isinstance(d, ast.Call) and ast.unparse(d.func) == "lease_owned"
     ]
     assert "queue_url" not in {k.arg for k in guarded.keywords}
+    # The batch worker: the same appends (app.append), its records guarded the same way.
+    batch_app = _tree(ROOT / "functions" / "thread_worker" / "batch.py")
+    assert "from app import append" in ast.unparse(batch_app)
+    (batch_guarded,) = [
+        d
+        for n in ast.walk(batch_app)
+        if isinstance(n, ast.FunctionDef)
+        for d in n.decorator_list
+        if isinstance(d, ast.Call) and ast.unparse(d.func) == "lease_owned"
+    ]
+    assert "queue_url" not in {k.arg for k in batch_guarded.keywords}
+    assert _attributes_of(batch_app, "conversations") == set()
     sweeper_app = (ROOT / "functions" / "sweeper" / "app.py").read_text(encoding="utf-8")
     assert "InvokeDispatcher(WORKER_FUNCTION_NAME)" in sweeper_app
     assert "SqsDispatcher" not in sweeper_app
@@ -235,6 +250,12 @@ def _expected_grants() -> dict[str, set[tuple[str, str]]]:
         "ThreadWorkerFunction": lease_table(_client_calls(worker_uses))
         | {(f"dynamodb:{_action(c)}", "ConversationTable") for c in conversation_calls}
         | {("lambda:InvokeFunction", "ThreadWorkerFunction"), on_failure},
+        "BatchWorkerFunction": lease_table(_client_calls(worker_uses))
+        | {(f"dynamodb:{_action(c)}", "ConversationTable") for c in conversation_calls}
+        | {("lambda:InvokeFunction", "BatchWorkerFunction"), on_failure}
+        # What Lambda's SQS event source mapping does as the function (the managed policy
+        # AWSLambdaSQSQueueExecutionRole's SQS actions), on this function's queue only.
+        | {(f"sqs:{a}", "MessagesQueue") for a in SQS_POLLING},
         "SweeperFunction": lease_table(_client_calls(sweeper_uses))
         | {("lambda:InvokeFunction", "ThreadWorkerFunction"), on_failure},
     }
@@ -322,7 +343,9 @@ def _granted(template: dict[str, Any], function: str, setting: str) -> set[tuple
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
-@pytest.mark.parametrize("function", ["ThreadWorkerFunction", "SweeperFunction"])
+@pytest.mark.parametrize(
+    "function", ["ThreadWorkerFunction", "BatchWorkerFunction", "SweeperFunction"]
+)
 def test_each_role_grants_exactly_the_requests_its_code_makes(
     template: dict[str, Any], function: str, setting: str
 ) -> None:
@@ -362,7 +385,7 @@ def test_managed_policies_and_vpc_access_only_for_redis_in_a_vpc(
     template: dict[str, Any], setting: str
 ) -> None:
     arn = "arn:${AWS::Partition}:iam::aws:policy/"
-    for function in ("ThreadWorkerFunction", "SweeperFunction"):
+    for function in ("ThreadWorkerFunction", "BatchWorkerFunction", "SweeperFunction"):
         role = _decide(_role(template, function), SETTINGS[setting])
         assert role["AssumeRolePolicyDocument"]["Statement"] == [
             {

@@ -1,7 +1,8 @@
 """A chat thread's worker: one invocation at a time owns a thread and appends its messages.
 
-Messages arrive as ``POST /threads/{threadId}/messages`` (HTTP API, body ``{"text": ...}``) or
-as direct and async invocations (``{"threadId": ..., "text": ...}``). While an invocation owns
+Messages arrive as ``POST /threads/{threadId}/messages`` (HTTP API, body ``{"text": ...}``), as
+direct and async invocations (``{"threadId": ..., "text": ...}``), or as SQS records through the
+batch worker (batch.py), which shares the threads and their log. While an invocation owns
 the thread, the others forward their message to it and return at once (HTTP 202); the owner
 drains them with ``take_signals`` and appends each message to the thread's log, fenced by its
 lease token so that an owner whose lease ran out can no longer write.
@@ -29,14 +30,22 @@ class StaleOwner(Exception):
     """A newer owner of the thread (a higher fencing token) has written: this one must stop."""
 
 
+def message_of(event: dict[str, Any]) -> dict[str, Any]:
+    """The message an event carries: an API Gateway request's or an SQS record's JSON body
+    (the batch worker's, functions/thread_worker/batch.py), else the event itself."""
+    if "requestContext" in event or event.get("eventSource") == "aws:sqs":
+        return dict(json.loads(event.get("body") or "{}"))
+    return event
+
+
 def thread_of(event: dict[str, Any]) -> str:
-    return str((event.get("pathParameters") or {}).get("threadId") or event["threadId"])
+    return str((event.get("pathParameters") or {}).get("threadId") or message_of(event)["threadId"])
 
 
 def text_of(event: dict[str, Any]) -> str:
-    if "requestContext" in event:  # API Gateway: the message is the JSON body
-        return str(json.loads(event.get("body") or "{}")["text"])
-    return str(event["text"])
+    # Any of the shapes: the sweeper hands every orphaned thread to this function, including
+    # one whose queue the batch worker's SQS records formed.
+    return str(message_of(event)["text"])
 
 
 def append(thread: str, message_id: str, text: str, token: int) -> bool:

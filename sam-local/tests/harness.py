@@ -34,6 +34,7 @@ REGION = "us-east-1"
 CONVERSATIONS = "conversations"
 LEASES = "leaseguard-leases"
 WORKER = "ThreadWorkerFunction"
+BATCH_WORKER = "BatchWorkerFunction"
 SWEEPER = "SweeperFunction"
 # Short, so a killed owner's lease runs out within seconds; the renewer renews every TTL/3.
 LEASE_TTL_MS = 4000

@@ -8,10 +8,12 @@ import subprocess
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from conftest import App, record
-from harness import LEASE_TTL_MS, SWEEPER, reports
+from harness import BATCH_WORKER, LEASE_TTL_MS, SWEEPER, reports
 
+from leaseguard.handoff import Envelope, InvokeDispatcher
 from leaseguard.types import Signal
 
 # How old the owner's run is when it finishes its last message: with the functions' 30 s
@@ -149,25 +151,31 @@ def test_a_failing_forwarded_message_is_retried_dead_lettered_and_redriven(app: 
     out = app.cli("redrive", thread)
     assert out.startswith("redrove "), out
     assert not app.provider().inspect_key(thread).dead_letters
-    sweep_until_dispatched(app, thread)
-    log = app.wait_for_messages(thread, 2)
+    log = sweep_until_appended(app, thread, 2)
     assert [m.text for m in log] == [first, poison]
     assert log[1].token > log[0].token
     assert thread not in app.cli("dead-letters")
 
 
-def sweep_until_dispatched(app: App, thread: str, timeout_s: float = 60) -> dict[str, object]:
-    """Invoke the sweeper function on start-lambda until it dispatches ``thread``."""
+def sweep_until_appended(app: App, thread: str, count: int, timeout_s: float = 150) -> list[Any]:
+    """Invoke the sweeper function on start-lambda, as its schedule does, until ``thread``'s
+    log holds ``count`` messages; the log. A pass that finds the thread orphaned dispatches it;
+    a grant whose envelope was not claimed before its lease ran out is orphaned again and the
+    next pass sends it again, so the check is that the messages run, not how soon."""
     client = app.lambda_client()
     deadline = time.monotonic() + timeout_s
+    dispatched: list[object] = []
     while True:
         response = client.invoke(FunctionName=SWEEPER, Payload=b"{}")
         result = json.loads(response["Payload"].read())
         assert "FunctionError" not in response, result
         if thread in result["keys"]:
-            return dict(result)
-        assert time.monotonic() < deadline, f"the sweeper never dispatched {thread}: {result}"
-        time.sleep(1)
+            dispatched.append(result)
+        log = app.wait_for_messages(thread, count, timeout_s=20 if dispatched else 1)
+        if len(log) >= count:
+            assert dispatched, "the messages ran without the sweeper"
+            return log
+        assert time.monotonic() < deadline, f"{thread}: {log} after the sweeps {dispatched}"
 
 
 def test_an_owner_container_killed_mid_run_is_adopted_by_the_sweeper(app: App) -> None:
@@ -186,9 +194,7 @@ def test_an_owner_container_killed_mid_run_is_adopted_by_the_sweeper(app: App) -
         status, _ = owner.result(timeout=120)
     assert status >= 500
     assert app.messages(thread) == []
-    time.sleep(LEASE_TTL_MS / 1000)
-    sweep_until_dispatched(app, thread)
-    log = app.wait_for_messages(thread, 2)
+    log = sweep_until_appended(app, thread, 2)
     assert [m.text for m in log] == [first, follower]
     assert dead_token is not None and all(m.token > dead_token for m in log)
 
@@ -214,6 +220,77 @@ def container_at(address: str) -> str:
         if address in ip:
             return container
     raise AssertionError(f"no running container has address {address}")
+
+
+def test_an_sqs_batch_runs_through_handle_envelopes_and_its_handoff_by_invoke(app: App) -> None:
+    """A batch from ``sam local generate-event sqs receive-message`` through the SQS-triggered
+    batch worker (``process_partial_response`` under ``@handle_envelopes``), in a container:
+    a record whose thread is owned elsewhere is queued for that owner, one whose append fails
+    is the batch's only item failure, the rest are appended. Then the owner hands its queue on
+    by an async Invoke of the batch worker with a handoff envelope, as a guarded owner does:
+    ``@handle_envelopes`` turns it into a batch the processor accepts, and the queued records
+    run in a new container, in order, under the grant's token."""
+    busy, free, poison = app.thread("sqs-busy"), app.thread("sqs-free"), app.thread("sqs-poison")
+    sent = [(busy, "b1"), (free, "f1"), (busy, "b2"), (poison, "p1"), (free, "f2")]
+    records = []
+    for thread, text in sent:
+        body = json.dumps({"threadId": thread, "text": f"{thread} {text}"})
+        # SAM puts --body into its JSON template as it is: escaped here as a JSON string's
+        # inside, so the record's body is the JSON above.
+        inside = json.dumps(body)[1:-1]
+        (record_event,) = app.generate_event("sqs", "receive-message", "--body", inside)["Records"]
+        assert record_event["body"] == body, record_event
+        # SAM's sample has one fixed messageId; SQS gives each message its own.
+        records.append({**record_event, "messageId": str(uuid.uuid4())})
+    ids = [r["messageId"] for r in records]
+    assert len(set(ids)) == len(ids), ids
+    # The busy thread's owner, here, as another invocation would be (the TTL long enough that
+    # it outlasts the batch's container start; the owner renews nothing).
+    provider = app.provider()
+    holder = Signal(uuid.uuid4().hex, {"threadId": busy, "text": f"{busy} holder"})
+    held = provider.acquire_or_enqueue(busy, holder, 120_000)
+    assert held.acquired and held.token is not None, held
+    assert app.gate is not None
+    with app.gate.failing_appends(f"{poison} p1"):
+        result, output, wall_s = app.invoke(BATCH_WORKER, {"Records": records}, "sqs-batch")
+    assert result == {"batchItemFailures": [{"itemIdentifier": ids[3]}]}, result
+    free_log = app.messages(free)
+    assert [(m.id, m.text) for m in free_log] == [(ids[1], f"{free} f1"), (ids[4], f"{free} f2")]
+    assert free_log[0].token < free_log[1].token  # two grants, one per record
+    assert app.messages(poison) == [] and app.messages(busy) == []
+    # The failed record is SQS's to deliver again: nothing of it stays with the lease backend.
+    poisoned = provider.inspect_key(poison)
+    assert poisoned.owner is None and not poisoned.queued and not poisoned.dead_letters, poisoned
+    queued = provider.inspect_key(busy)
+    assert queued.owner == holder.id and [s.id for s in queued.queued] == [ids[0], ids[2]]
+    report = reports(output)
+    record(
+        {
+            "what": "an SQS batch of 5 records through the batch worker (sam local invoke)",
+            "backend": app.backend,
+            "first_duration_ms": report[-1][2] if report else None,
+            "wall_s_with_container_start": round(wall_s, 1),
+        }
+    )
+    # The owner is done and hands the lease to the oldest queued record, unclaimed, and sends
+    # the envelope by Invoke to start-lambda (what the guard's InvokeDispatcher does).
+    granted = provider.transfer_to_next(busy, holder.id, 30_000, claim=False, token=held.token)
+    assert granted is not None and granted.id == ids[0] and granted.token is not None
+    envelope = Envelope(busy, granted.id, granted.token, granted.payload)
+    InvokeDispatcher(BATCH_WORKER, app.lambda_client()).dispatch(envelope)
+    log = app.wait_for_messages(busy, 2)
+    assert [(m.id, m.text) for m in log] == [(ids[0], f"{busy} b1"), (ids[2], f"{busy} b2")]
+    assert log[0].token == granted.token and log[1].token >= granted.token > held.token
+    # It ran in a container of start-lambda's, which logged it; and the key is free again.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        lambda_log = next(p for p in app.processes if p.log.name == "sam-lambda.log").text()
+        runs = [line for line in lambda_log.splitlines() if "from SQS" in line and busy in line]
+        if len(runs) == 2 and provider.inspect_key(busy).owner is None:
+            break
+        time.sleep(0.5)
+    assert len(runs) == 2, runs
+    assert provider.inspect_key(busy).owner is None
 
 
 def test_the_emulator_reports_each_run_and_the_cold_start_is_recorded(app: App) -> None:
