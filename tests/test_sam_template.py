@@ -481,9 +481,14 @@ def test_alarms(template: dict[str, Any]) -> None:
         if resource["Type"] == "AWS::CloudWatch::Alarm"
         for props in [resource["Properties"]]
     }
-    assert set(alarms) == {"ApproximateNumberOfMessagesVisible", "SignalDeadLettered", "LeaseLost"}
+    assert set(alarms) == {
+        "ApproximateNumberOfMessagesVisible",
+        "SignalDeadLettered",
+        "SignalKeptHalted",
+        "LeaseLost",
+    }
     guard = "".join(f.read_text(encoding="utf-8") for f in sorted(GUARD.glob("*.py")))
-    for metric in ("SignalDeadLettered", "LeaseLost"):
+    for metric in ("SignalDeadLettered", "SignalKeptHalted", "LeaseLost"):
         assert f'"{metric}"' in guard  # the name leaseguard counts under
         alarm = alarms[metric]
         # Powertools EMF: the namespace and a "service" dimension, from the environment.
