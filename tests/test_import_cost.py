@@ -85,7 +85,7 @@ GUARD_CHAIN = frozenset(
         "leaseguard.observability",
         "leaseguard.protocol",
         "leaseguard.protocol.model",
-    "leaseguard.protocol.transitions",
+        "leaseguard.protocol.transitions",
         "leaseguard.protocol.operators",
         "leaseguard.protocol.state",
         "leaseguard.providers",
