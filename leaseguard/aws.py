@@ -13,6 +13,8 @@ import os
 import threading
 from typing import Any
 
+from leaseguard.errors import extra_required
+
 
 class _SharedSession:
     def __init__(self) -> None:
@@ -23,7 +25,8 @@ class _SharedSession:
     def get(self) -> Any:
         with self.lock:
             if self.session is None:
-                import boto3
+                with extra_required("dynamodb", "leaseguard's AWS clients (DynamoDB, Lambda, SQS)"):
+                    import boto3
 
                 self.session = boto3.session.Session()
             return self.session

@@ -16,7 +16,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from leaseguard.config import ProviderConfig
-from leaseguard.errors import ConfigurationError, InvalidLeaseArgument, LeaseguardError
+from leaseguard.errors import (
+    ConfigurationError,
+    InvalidLeaseArgument,
+    LeaseguardError,
+    MissingExtra,
+)
 from leaseguard.providers.redis.connection import URL_SCHEMES, redact_url
 
 if TYPE_CHECKING:
@@ -208,7 +213,7 @@ def explain(exc: BaseException, config: ProviderConfig | None, command: str) -> 
         )
     if "NoRegionError" in names:
         return f"no AWS region configured ({message}): set AWS_REGION", 2
-    if isinstance(exc, (ConfigurationError, InvalidLeaseArgument)):
+    if isinstance(exc, (ConfigurationError, InvalidLeaseArgument, MissingExtra)):
         return message, 2
     if config is not None and config.backend == "dynamodb":
         if any(_aws_code(e) == "ResourceNotFoundException" for e in chain):

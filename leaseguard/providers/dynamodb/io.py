@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from leaseguard.errors import LeaseBackendError
+from leaseguard.errors import LeaseBackendError, extra_required
 from leaseguard.providers.base import new_nonce
 from leaseguard.signals import decode_signal
 from leaseguard.types import Signal
@@ -77,7 +77,8 @@ class Table:
         retention_s: int,
         orphan_shards: int,
     ) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
+        with extra_required("dynamodb", "the DynamoDB provider"):
+            from botocore.exceptions import BotoCoreError, ClientError
 
         self.name = name
         self.client = client
