@@ -194,6 +194,7 @@ def test_make_dist_builds_a_wheel_and_sdist_that_install(tmp_path: Path) -> None
     }
     assert provided >= USER_EXTRAS
     assert "leaseguard = leaseguard.cli:main" in entry_points
+    assert "[pytest11]\nleaseguard = leaseguard.testing.pytest_plugin" in entry_points
 
     # Installed alone into a fresh virtualenv, the wheel runs and finds its Lua scripts.
     venv = tmp_path / "venv"
