@@ -71,3 +71,13 @@ def default_client(service: str) -> Any:
 def forget_clients() -> None:
     """Drop the session and every client (tests that change the AWS environment call this)."""
     _SHARED.forget()
+
+
+def location(client: Any) -> str:
+    """Where ``client`` sends its requests, for a message: the endpoint it was given (DynamoDB
+    Local, moto), or ``region <name>`` for AWS's own."""
+    meta = getattr(client, "meta", None)
+    endpoint = str(getattr(meta, "endpoint_url", "") or "")
+    if endpoint and not endpoint.endswith(".amazonaws.com"):
+        return endpoint
+    return f"region {getattr(meta, 'region_name', None) or 'default'}"

@@ -35,6 +35,35 @@ class LeaseBackendError(LeaseguardError):
     to the caller. The original exception is chained as ``__cause__``."""
 
 
+class TableNotFound(LeaseBackendError):
+    """The DynamoDB table a provider was given does not exist where its client looked
+    (DynamoDB's ``ResourceNotFoundException``). The message names the table, the endpoint or
+    region, and how to create it.
+
+    Attributes
+    ----------
+    table : str
+        The table name (``LEASEGUARD_TABLE_NAME``, or the provider's ``table_name``).
+    where : str
+        The endpoint (DynamoDB Local, moto) or region that was asked.
+    """
+
+    FIX = (
+        "create it (template.yaml's LeaseTable, or DynamoDBLeaseProvider(name).create_table(); "
+        "docs/dynamodb.md has the schema) or point LEASEGUARD_TABLE_NAME at an existing one"
+    )
+
+    def __init__(self, table: str, where: str, fix: str = FIX) -> None:
+        self.table = table
+        self.where = where
+        super().__init__(f"{self.missing(table, where)}: {fix}")
+
+    @staticmethod
+    def missing(table: str, where: str) -> str:
+        """The first half of the message: what is missing where (the CLI adds its own fix)."""
+        return f"DynamoDB table {table!r} does not exist at {where}"
+
+
 class LeaseLostError(LeaseguardError):
     """The caller no longer owns the key it tried to act on as owner."""
 
