@@ -190,15 +190,18 @@ def _print_summary(console: Any, summary: Any) -> None:
     table = Table(title="summary", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(justify="right")
-    rows = [
+    from leaseguard.simulate.summary import arrival_rows
+
+    # First how each event's first delivery was answered (these add up to the invocations),
+    # then what happened to the events afterwards (counts of runs and hand-offs, which do not).
+    rows: list[tuple[str, Any]] = [
         ("invocations", summary.invocations),
-        ("acquired the lease on arrival", summary.acquired),
-        ("forwarded to the owner", summary.forwarded),
-        ("duplicate deliveries ignored", summary.duplicates),
+        *(("  " + name, count) for name, count in arrival_rows(summary)),
         ("drained by the owner (take_signals)", summary.drained_by_owner),
         ("handed off inline", summary.handed_off_inline),
         ("handed off by async invoke", summary.handed_off_by_invoke),
-        ("adopted orphans (owner died)", summary.adopted_orphans),
+        ("orphaned keys adopted by the sweeper", summary.adopted_by_sweeper),
+        ("queue heads run first by an arrival (key free)", summary.adopted_on_arrival),
         ("workers killed", summary.kills),
         ("re-runs after a kill (explained)", summary.explained_duplicates),
         ("leases lost", summary.lease_lost),
