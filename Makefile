@@ -6,7 +6,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: test checks niced-checks demo lint typecheck pytest model-check model-check-small \
-	model-check-core model-check-queue model-check-drain model-check-dead soak bench clean
+	model-check-core model-check-queue model-check-drain model-check-dead soak bench clean dist
 
 # make test runs in two phases:
 #   1. the two virtualenvs, installed at once (.venv, and .venv-sam for the SAM CLI);
@@ -133,7 +133,16 @@ $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache demo.png
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache demo.png $(DIST_DIR)
+
+# The wheel and the sdist, in $(DIST_DIR): leaseguard is not on PyPI, so a project depends on a
+# git URL pin or on this wheel (docs/deploy.md, "Depending on leaseguard"). python -m build makes
+# the sdist and then the wheel from the unpacked sdist, so the wheel holds what the sdist ships
+# and no ./build is left behind (sam-build uses that folder); uv fills the build environment.
+DIST_DIR ?= dist
+dist: $(DEV_STAMP)
+	rm -rf $(DIST_DIR)
+	$(BIN)/python -m build $$([ -x $(BIN)/uv ] && echo --installer uv) --outdir $(DIST_DIR) .
 
 # The SAM application (template.yaml, functions/). aws-sam-cli pins boto3 below what .venv has,
 # so it lives in a virtualenv of its own; the stamp names the version, so a new pin reinstalls.

@@ -13,6 +13,8 @@ import os
 import threading
 from typing import Any
 
+from leaseguard.errors import extra_required
+
 
 class _SharedSession:
     def __init__(self) -> None:
@@ -23,7 +25,8 @@ class _SharedSession:
     def get(self) -> Any:
         with self.lock:
             if self.session is None:
-                import boto3
+                with extra_required("dynamodb", "leaseguard's AWS clients (DynamoDB, Lambda, SQS)"):
+                    import boto3
 
                 self.session = boto3.session.Session()
             return self.session
@@ -68,3 +71,13 @@ def default_client(service: str) -> Any:
 def forget_clients() -> None:
     """Drop the session and every client (tests that change the AWS environment call this)."""
     _SHARED.forget()
+
+
+def location(client: Any) -> str:
+    """Where ``client`` sends its requests, for a message: the endpoint it was given (DynamoDB
+    Local, moto), or ``region <name>`` for AWS's own."""
+    meta = getattr(client, "meta", None)
+    endpoint = str(getattr(meta, "endpoint_url", "") or "")
+    if endpoint and not endpoint.endswith(".amazonaws.com"):
+        return endpoint
+    return f"region {getattr(meta, 'region_name', None) or 'default'}"

@@ -30,10 +30,11 @@ simulator.
 
 from __future__ import annotations
 
-import functools
 import os
+import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, cast
 
@@ -188,11 +189,97 @@ class ProviderConfig:
         return NoopLeaseProvider(max_payload_bytes=self.max_payload_bytes)
 
 
-@functools.cache
-def provider_from_env() -> BaseLeaseProvider:
-    """The process-wide provider described by the environment, built once per Lambda execution
-    environment (clients and connections are reused across invocations)."""
-    return ProviderConfig.from_env().build()
+ENV_NAMES = (
+    "LEASEGUARD_BACKEND",
+    "LEASEGUARD_REDIS_URL",
+    "LEASEGUARD_REDIS_CLUSTER",
+    "LEASEGUARD_KEY_PREFIX",
+    "LEASEGUARD_REDIS_REPLICAS",
+    "LEASEGUARD_REDIS_REPLICA_TIMEOUT_MS",
+    "LEASEGUARD_TABLE_NAME",
+    "LEASEGUARD_DYNAMODB_ENDPOINT",
+    "LEASEGUARD_CLOCK_SKEW_MS",
+    "LEASEGUARD_TTL_MS",
+    "LEASEGUARD_MAX_PAYLOAD_BYTES",
+    "LEASEGUARD_MAX_QUEUE",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_LAMBDA_FUNCTION_NAME",
+)
+"""Every variable :meth:`ProviderConfig.from_env` reads: what a built provider is cached by."""
+
+
+class EnvProviders:
+    """:func:`provider_from_env`: the provider the environment describes, one per distinct
+    setting of :data:`ENV_NAMES`, or the provider a test put in its place.
+
+    Every guarded handler without ``provider=`` asks here on each use, so a change of the
+    environment (a test that switches from Redis to DynamoDB) or an override
+    (:func:`leaseguard.testing.use_provider`) takes effect at the next invocation; in Lambda,
+    where the environment never changes, each use is one dictionary lookup of the same
+    provider, whose client and connections are reused across invocations.
+    """
+
+    KEEP = 8
+    """Providers kept for settings seen before (a test session's handful of backends); the
+    oldest is dropped beyond that."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._built: dict[tuple[str | None, ...], BaseLeaseProvider] = {}
+        self._overrides: list[object] = []
+
+    def __call__(self) -> BaseLeaseProvider:
+        override = self.override()
+        if override is not None:
+            return cast("BaseLeaseProvider", override)
+        setting = tuple(os.environ.get(name) for name in ENV_NAMES)
+        made = self._built.get(setting)
+        if made is not None:
+            return made
+        with self._lock:  # two threads' first invocations build one provider, not two
+            made = self._built.get(setting)
+            if made is None:
+                made = ProviderConfig.from_env().build()
+                if len(self._built) >= self.KEEP:
+                    del self._built[next(iter(self._built))]
+                self._built[setting] = made
+            return made
+
+    def override(self) -> object | None:
+        """The provider of the innermost :meth:`overriding` block, or ``None``."""
+        return self._overrides[-1] if self._overrides else None
+
+    @contextmanager
+    def overriding(self, provider: object) -> Iterator[object]:
+        """Every guarded handler uses ``provider`` until the block ends (all threads: a
+        renewal thread must see what its handler sees)."""
+        self._overrides.append(provider)
+        try:
+            yield provider
+        finally:
+            self._overrides.remove(provider)
+
+    def cache_clear(self) -> None:
+        """Forget every provider built from the environment (the next use builds anew)."""
+        with self._lock:
+            self._built.clear()
+
+
+_ENV_PROVIDERS = EnvProviders()
+provider_from_env = _ENV_PROVIDERS
+"""The provider the environment describes (``provider_from_env()``); see :class:`EnvProviders`."""
+
+
+def provider_override() -> object | None:
+    """The provider a test put in place of every guarded handler's, or ``None``."""
+    return _ENV_PROVIDERS.override()
+
+
+def overriding_provider(provider: object) -> AbstractContextManager[object]:
+    """Every guarded handler uses ``provider`` until the ``with`` block ends (what
+    :func:`leaseguard.testing.use_provider` does)."""
+    return _ENV_PROVIDERS.overriding(provider)
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:

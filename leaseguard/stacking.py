@@ -3,8 +3,9 @@
 The supported stack on a Lambda handler::
 
     @logger.inject_lambda_context(clear_state=True)   # outside: sets up logging first
+    @tracer.capture_lambda_handler                    # outside: one trace per invocation
     @metrics.log_metrics                              # outside: flushes every path's metrics
-    @lease_owned(key_fn, logger=logger, metrics=metrics)
+    @lease_owned(key_fn, logger=logger, metrics=metrics, tracer=tracer)
     @idempotent(persistence_store=persistence)        # inside: caches the real result
     def lambda_handler(event, context): ...
 
@@ -19,6 +20,12 @@ The other orders break silently, so they raise :class:`~leaseguard.errors.Config
   answer would be stored as the event's final result, and the owner's real run of it is never
   recorded (checked at the first invocation, before the backend is touched: ``idempotent`` is
   applied after ``@lease_owned``, so only the call shows it).
+
+``@tracer.capture_lambda_handler`` goes outside too (not checked: inside, it would still work):
+outside, its ``## handler`` subsegment spans the whole invocation (the lease steps, a forward,
+the inline hand-offs) and holds the ``lease_key`` and ``fencing_token`` annotations ``tracer=``
+adds; inside, a forwarded invocation has no subsegment of its own and each inline hand-off's run
+one more.
 
 A Powertools event-handler route (``@app.get(...)``) cannot be guarded: the resolver calls it
 with path parameters, not the event. Guard the ``lambda_handler`` that calls
@@ -35,8 +42,9 @@ from typing import Any
 from leaseguard.errors import ConfigurationError
 
 RECOMMENDED_STACK = (
-    "@logger.inject_lambda_context(clear_state=True), then @metrics.log_metrics, then "
-    "@lease_owned(...), then @idempotent(...) nearest the function"
+    "from the top: @logger.inject_lambda_context(clear_state=True), "
+    "@tracer.capture_lambda_handler, @metrics.log_metrics, @lease_owned(...), and "
+    "@idempotent(...) nearest the function"
 )
 ROUTE_ADVICE = (
     "@lease_owned guards a Lambda handler(event, context) or a Powertools batch "
@@ -85,17 +93,20 @@ def check_handler_stack(handler: Callable[..., Any], name: str) -> None:
         qualname = _qualname(layer)
         if qualname == _LOGGER_DECORATOR and _closure(layer).get("clear_state"):
             raise ConfigurationError(
-                f"@lease_owned on {name} is inside @logger.inject_lambda_context(clear_state=True),"
-                " which would clear the lease keys (lease_key, fencing_token) from every log line"
-                f" of the run. Put the logger decorator outside: {RECOMMENDED_STACK}"
+                f"@lease_owned on {name} is outside (above) "
+                "@logger.inject_lambda_context(clear_state=True): each run of the handler would "
+                "clear the lease keys (lease_key, fencing_token) from its log lines. Put "
+                "@logger.inject_lambda_context above @lease_owned, so that it wraps it: "
+                f"{RECOMMENDED_STACK}"
             )
         if qualname.endswith(_METRICS_DECORATOR) and "aws_lambda_powertools" in str(
             getattr(layer.__code__, "co_filename", "")
         ):
             raise ConfigurationError(
-                f"@lease_owned on {name} is inside @metrics.log_metrics, which never runs for a"
-                " forwarded event, so LeaseForwarded would never be flushed. Put log_metrics"
-                f" outside: {RECOMMENDED_STACK}"
+                f"@lease_owned on {name} is outside (above) @metrics.log_metrics: a forwarded "
+                "event never runs the handler, so log_metrics would never run for it and its "
+                "LeaseForwarded would never be flushed. Put @metrics.log_metrics above "
+                f"@lease_owned, so that it wraps it: {RECOMMENDED_STACK}"
             )
 
 

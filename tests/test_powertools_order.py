@@ -138,8 +138,13 @@ def test_lease_owned_outside_inject_lambda_context_clear_state_is_refused() -> N
         @logger.inject_lambda_context(clear_state=True)
         def handler(event: Any, context: Any) -> None: ...
 
-    assert "inject_lambda_context(clear_state=True)" in str(raised.value)
-    assert RECOMMENDED_STACK in str(raised.value)
+    message = str(raised.value)
+    # The decorator that is applied last is the outer one: here @lease_owned, over the logger.
+    assert "@lease_owned on " in message
+    assert " is outside (above) @logger.inject_lambda_context(clear_state=True)" in message
+    assert "Put @logger.inject_lambda_context above @lease_owned" in message
+    assert "is inside" not in message
+    assert RECOMMENDED_STACK in message
 
 
 def test_inject_lambda_context_without_clear_state_may_be_inside(
@@ -166,7 +171,23 @@ def test_lease_owned_outside_log_metrics_is_refused() -> None:
         @metrics.log_metrics(capture_cold_start_metric=True)
         def handler(event: Any, context: Any) -> None: ...
 
-    assert "log_metrics" in str(raised.value) and "LeaseForwarded" in str(raised.value)
+    message = str(raised.value)
+    assert " is outside (above) @metrics.log_metrics" in message and "LeaseForwarded" in message
+    assert "Put @metrics.log_metrics above @lease_owned" in message
+    assert "is inside" not in message
+    assert RECOMMENDED_STACK in message
+
+
+def test_the_recommended_stack_places_the_tracer_outside_lease_owned() -> None:
+    order = [
+        "@logger.inject_lambda_context",
+        "@tracer.capture_lambda_handler",
+        "@metrics.log_metrics",
+        "@lease_owned",
+        "@idempotent",
+    ]
+    positions = [RECOMMENDED_STACK.index(decorator) for decorator in order]
+    assert positions == sorted(positions)
 
 
 def test_idempotent_outside_lease_owned_is_refused_before_the_backend_is_touched(

@@ -21,7 +21,7 @@ from leaseguard.providers.memory import InMemoryLeaseProvider
 from leaseguard.signals import Signal
 from leaseguard.simulate.checker import check
 from leaseguard.simulate.engine import Simulation, SimulationConfig, _Outbox
-from leaseguard.simulate.summary import summarize
+from leaseguard.simulate.summary import arrival_rows, summarize
 
 
 def simulate(provider: InMemoryLeaseProvider, **options: object) -> tuple[object, object]:
@@ -181,6 +181,14 @@ def test_checker_passes_on_the_real_memory_provider() -> None:
     summary = summarize(result, report)  # type: ignore[arg-type]
     assert summary.invocations == 150 and summary.handled == 150
     assert summary.forwarded > 0 and summary.acquired > 0
+    assert sum(count for _, count in arrival_rows(summary)) == summary.invocations
+    assert summary.killed_on_arrival == 0 and summary.adopted_by_sweeper == 0
+    console = Console(record=True, width=120)
+    _print_summary(console, summary)
+    shown = console.export_text()
+    for name, count in arrival_rows(summary):  # each outcome its own row, named and counted
+        cells = ([w for w in line.split() if w != "│"] for line in shown.splitlines())
+        assert [*name.split(), str(count)] in cells, name
 
 
 def test_kills_are_survived_and_explained_on_redis(redis_url: str) -> None:
@@ -203,6 +211,21 @@ def test_kills_are_survived_and_explained_on_redis(redis_url: str) -> None:
     assert min(report.handled[e["id"]] for e in result.events) >= 1  # nothing lost
     statuses = Counter(r["status"] for r in result.records if r["type"] == "invoke")
     assert statuses["error"] == 0
+    # Each event's first delivery has one outcome, a kill before it answered included: the
+    # summary's arrival rows add up to the events (they came to fewer, the kills left out).
+    summary = summarize(result, report)
+    rows = dict(arrival_rows(summary))
+    assert sum(rows.values()) == summary.invocations == 150
+    killed_first = {
+        e["id"]
+        for e in result.events
+        if not any(
+            r["type"] == "invoke" and r["attempt"] == 0 and r["event"] == e["id"]
+            for r in result.records
+        )
+    }
+    assert rows["killed before answering (retried)"] == len(killed_first) <= result.kills
+    assert summary.adopted_orphans == summary.adopted_by_sweeper + summary.adopted_on_arrival
 
 
 def _put_then_die(outbox: Any, worker: int, count: int) -> None:

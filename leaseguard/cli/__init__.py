@@ -11,7 +11,8 @@ invoke         run a handler locally with a Lambda-like context (no Docker)
 
 Every failure is one line on stderr, "leaseguard COMMAND: error: what failed: what to do",
 with exit status 2 for a usage or configuration error (bad arguments, no backend configured,
-a bad URL, missing AWS credentials, a missing table) and 1 for a backend that failed or could
+a bad URL, missing AWS credentials, a missing table, an extra not installed: "install
+leaseguard[cli]") and 1 for a backend that failed or could
 not be reached. LEASEGUARD_DEBUG=1 prints the traceback as well.
 """
 
@@ -101,10 +102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def fail(args: argparse.Namespace, exc: BaseException) -> int:
     """Report ``exc`` as one line on stderr and return the exit status it calls for."""
     from leaseguard.cli.backends import explain
-    from leaseguard.errors import LeaseguardError
+    from leaseguard.errors import LeaseguardError, MissingExtra, extra_of
 
     if debugging():
         traceback.print_exception(exc)
+    if isinstance(exc, ModuleNotFoundError) and not isinstance(exc, MissingExtra):
+        extra = extra_of(exc.name)
+        if extra is not None:  # an optional import outside extra_required: still name the fix
+            exc = MissingExtra(extra, str(exc.name).split(".")[0], f"leaseguard {args.command}")
     known = isinstance(exc, LeaseguardError) or type(exc).__module__.split(".")[0] in (
         "redis",
         "botocore",

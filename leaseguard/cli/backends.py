@@ -16,7 +16,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from leaseguard.config import ProviderConfig
-from leaseguard.errors import ConfigurationError, InvalidLeaseArgument, LeaseguardError
+from leaseguard.errors import (
+    ConfigurationError,
+    InvalidLeaseArgument,
+    LeaseguardError,
+    MissingExtra,
+    TableNotFound,
+)
 from leaseguard.providers.redis.connection import URL_SCHEMES, redact_url
 
 if TYPE_CHECKING:
@@ -208,18 +214,24 @@ def explain(exc: BaseException, config: ProviderConfig | None, command: str) -> 
         )
     if "NoRegionError" in names:
         return f"no AWS region configured ({message}): set AWS_REGION", 2
-    if isinstance(exc, (ConfigurationError, InvalidLeaseArgument)):
+    if isinstance(exc, (ConfigurationError, InvalidLeaseArgument, MissingExtra)):
         return message, 2
     if config is not None and config.backend == "dynamodb":
         if any(_aws_code(e) == "ResourceNotFoundException" for e in chain):
-            where = config.dynamodb_endpoint or f"region {config.region_name or 'default'}"
+            found = next((e for e in chain if isinstance(e, TableNotFound)), None)
+            where = (
+                found.where
+                if found is not None
+                else config.dynamodb_endpoint or f"region {config.region_name or 'default'}"
+            )
+            table = found.table if found is not None else str(config.table_name)
             fix = (
                 "check --table, or pass --create-table to create it"
                 if command == "simulate"
                 else f"check --table or LEASEGUARD_TABLE_NAME ({command} never creates tables; "
                 "docs/dynamodb.md has the schema)"
             )
-            return f"DynamoDB table {config.table_name!r} does not exist at {where}: {fix}", 2
+            return f"{TableNotFound.missing(table, where)}: {fix}", 2
         if any(_aws_code(e) in _AWS_AUTH_CODES for e in chain):
             return f"{message}: check the AWS credentials and their IAM permissions", 2
         if "EndpointConnectionError" in names or "ConnectTimeoutError" in names:

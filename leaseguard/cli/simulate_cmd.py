@@ -76,8 +76,16 @@ def _work_range(text: str) -> tuple[int, int]:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from leaseguard.config import ProviderConfig
+    from leaseguard.errors import extra_required
     from leaseguard.simulate.engine import SimulationConfig
 
+    # Before any server starts: a run that cannot print its report, or draw its picture,
+    # should say which extra to install at once, not after the whole simulation.
+    with extra_required("cli", "the simulator's report"):
+        import rich  # noqa: F401
+
+        if args.plot:
+            import matplotlib  # noqa: F401
     try:
         if args.plot and not args.plot.lower().endswith(".png"):
             raise ValueError("--plot must name a .png file")
@@ -114,8 +122,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _simulate(config: Any, description: str, args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    from leaseguard.errors import extra_required
+
+    with extra_required("cli", "the simulator's report"):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from leaseguard.simulate.checker import check
     from leaseguard.simulate.engine import Simulation
@@ -171,20 +182,26 @@ def _simulate(config: Any, description: str, args: argparse.Namespace) -> int:
 
 
 def _print_summary(console: Any, summary: Any) -> None:
-    from rich.table import Table
+    from leaseguard.errors import extra_required
+
+    with extra_required("cli", "the simulator's report"):
+        from rich.table import Table
 
     table = Table(title="summary", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(justify="right")
-    rows = [
+    from leaseguard.simulate.summary import arrival_rows
+
+    # First how each event's first delivery was answered (these add up to the invocations),
+    # then what happened to the events afterwards (counts of runs and hand-offs, which do not).
+    rows: list[tuple[str, Any]] = [
         ("invocations", summary.invocations),
-        ("acquired the lease on arrival", summary.acquired),
-        ("forwarded to the owner", summary.forwarded),
-        ("duplicate deliveries ignored", summary.duplicates),
+        *(("  " + name, count) for name, count in arrival_rows(summary)),
         ("drained by the owner (take_signals)", summary.drained_by_owner),
         ("handed off inline", summary.handed_off_inline),
         ("handed off by async invoke", summary.handed_off_by_invoke),
-        ("adopted orphans (owner died)", summary.adopted_orphans),
+        ("orphaned keys adopted by the sweeper", summary.adopted_by_sweeper),
+        ("queue heads run first by an arrival (key free)", summary.adopted_on_arrival),
         ("workers killed", summary.kills),
         ("re-runs after a kill (explained)", summary.explained_duplicates),
         ("leases lost", summary.lease_lost),
@@ -244,6 +261,9 @@ def _print_verdict(console: Any, report: Any, result: Any) -> None:
 def _shown(text: str) -> str:
     """Text from outside (a key, a violation's detail, a path) in a rich markup string:
     escaped (leaseguard.cli.text), and its brackets kept from being read as markup."""
-    from rich.markup import escape as markup_escape
+    from leaseguard.errors import extra_required
+
+    with extra_required("cli", "the simulator's report"):
+        from rich.markup import escape as markup_escape
 
     return markup_escape(escape(text))

@@ -56,10 +56,16 @@ class GuardedHandler:
 
     @property
     def provider(self) -> QueueProvider:
-        # Built on first use, not at import: tests and local runs set the environment first.
-        if self._provider is None:
-            self._provider = cast("QueueProvider", config.provider_from_env())
-        return self._provider
+        """The provider given as ``provider=``, else the environment's, resolved on each use
+        through :data:`leaseguard.config.provider_from_env` (built on first use, not at import:
+        tests and local runs set the environment first). A test's
+        :func:`leaseguard.testing.use_provider` takes the place of either."""
+        override = config.provider_override()
+        if override is not None:
+            return cast("QueueProvider", override)
+        if self._provider is not None:
+            return self._provider
+        return cast("QueueProvider", config.provider_from_env())
 
     def key_of(self, event: Any) -> str:
         try:

@@ -6,6 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from leaseguard.errors import extra_required
 from leaseguard.simulate.checker import CheckReport
 from leaseguard.simulate.engine import SimulationResult
 
@@ -17,12 +18,13 @@ def plot_timeline(result: SimulationResult, report: CheckReport, path: str | Pat
     ticks where events were forwarded to the owner, diamonds where the lease was handed off
     within an invocation, red crosses where a worker was killed, and red outlines around any
     violation the checker found."""
-    import matplotlib
+    with extra_required("cli", "the timeline picture (--plot)"):
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
 
     start = result.started_ns
     keys = sorted({run.key for run in report.runs} | {e["key"] for e in result.events})

@@ -3,12 +3,15 @@
 ``leaseguard.testing.servers`` starts real Redis servers (standalone, a primary with replicas,
 or Cluster) on free ports; :class:`DynamoDBServer` serves moto's DynamoDB on a free port, one
 request at a time; :class:`LambdaContext` stands in for the context object Lambda passes to a
-handler.
+handler; :func:`use_provider` points every guarded handler at a provider for a test, and back.
+:mod:`leaseguard.testing.pytest_plugin` (a pytest plugin, registered by installing
+``leaseguard[testing]``) gives them as fixtures. docs/testing.md shows how.
 """
 
 from typing import TYPE_CHECKING, Any
 
 from .context import LambdaContext
+from .providers import use_provider
 from .replicas import RedisClusterWithReplicas, RedisReplica, RedisReplicatedServers
 from .servers import RedisClusterServers, RedisServer, find_redis_server, free_port
 
@@ -36,4 +39,5 @@ __all__ = [
     "RedisServer",
     "find_redis_server",
     "free_port",
+    "use_provider",
 ]

@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from leaseguard.errors import check_installed
 from leaseguard.testing.servers import ManagedServer, free_port
 
 ITEM_LIMIT_BYTES = 400 * 1024
@@ -239,6 +240,8 @@ class DynamoDBServer(ManagedServer):
     def start(self) -> DynamoDBServer:
         if self.process is not None:
             return self
+        if self.python == sys.executable:  # the child's import error would read as a crash
+            check_installed("testing", "DynamoDBServer (moto's server)", "moto", "flask")
         self._log_dir = tempfile.mkdtemp(prefix="leaseguard-moto-")
         for attempt in range(_START_TRIES):
             log = Path(self._log_dir, "server.log")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from leaseguard.errors import extra_required
+
 from .servers import (
     START_TIMEOUT_S,
     ManagedServer,
@@ -49,7 +51,8 @@ class RedisReplica(RedisServer):
     def _acknowledged(self) -> bool:
         """The primary lists this replica online, with an acknowledged offset at least that
         of a write the primary made just before it was asked."""
-        import redis
+        with extra_required("testing", "leaseguard.testing's Redis servers"):
+            import redis
 
         if self.replica_of is None:
             return False
@@ -121,7 +124,8 @@ class RedisClusterWithReplicas(RedisClusterServers):
         self.replicas = [RedisReplica(cluster=True, binary=binary) for _ in range(replicas)]
 
     def _form(self) -> None:
-        import redis
+        with extra_required("testing", "leaseguard.testing's Redis servers"):
+            import redis
 
         super()._form()
         with redis.Redis(port=self.nodes[0].port, socket_timeout=5) as first:
@@ -131,7 +135,8 @@ class RedisClusterWithReplicas(RedisClusterServers):
 def attach_replicas(masters: list[RedisServer], replicas: list[RedisServer], first: Any) -> None:
     """Each of ``replicas`` follows one of ``masters`` (``CLUSTER MEET``, ``CLUSTER
     REPLICATE``); ``first`` is a client of a node already in the cluster."""
-    import redis
+    with extra_required("testing", "leaseguard.testing's Redis servers"):
+        import redis
 
     for master, replica in zip(masters, replicas, strict=False):
         replica.start()

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from leaseguard.errors import ConfigurationError
+from leaseguard.errors import ConfigurationError, extra_required
 
 START_TIMEOUT_S = 20.0
 
@@ -183,7 +183,8 @@ class RedisServer(ManagedServer):
         return self
 
     def _command(self, *args: str | int) -> Any:
-        import redis
+        with extra_required("testing", "leaseguard.testing's Redis servers"):
+            import redis
 
         with redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=10) as client:
             return client.execute_command(*args)
@@ -276,7 +277,8 @@ class RedisClusterServers(ManagedServer):
         return self
 
     def _form(self) -> None:
-        import redis
+        with extra_required("testing", "leaseguard.testing's Redis servers"):
+            import redis
 
         for node in self.nodes:
             node.start()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 from leaseguard import aws
-from leaseguard.errors import ConfigurationError, LeaseBackendError
+from leaseguard.errors import ConfigurationError, LeaseBackendError, extra_required
 
 from .io import Table, error_code
 from .schema import DEAD_LETTER_INDEX, DEFAULT_MAX_ATTEMPTS, ORPHAN_INDEX
@@ -86,8 +86,9 @@ def build_client(
 ) -> DynamoDBClient:
     """A client from the process's shared boto3 session: standard retries (4 attempts in all)
     and short timeouts, merged with ``retry_config``."""
-    from botocore.config import Config
-    from botocore.exceptions import BotoCoreError
+    with extra_required("dynamodb", "the DynamoDB provider"):
+        from botocore.config import Config
+        from botocore.exceptions import BotoCoreError
 
     config = Config(
         retries={"mode": "standard", "total_max_attempts": DEFAULT_MAX_ATTEMPTS},

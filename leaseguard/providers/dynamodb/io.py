@@ -17,7 +17,8 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from leaseguard.errors import LeaseBackendError
+from leaseguard import aws
+from leaseguard.errors import LeaseBackendError, TableNotFound, extra_required
 from leaseguard.protocol.state import DEAD_LIMIT
 from leaseguard.providers.base import new_nonce
 from leaseguard.signals import decode_signal
@@ -79,7 +80,8 @@ class Table:
         orphan_shards: int,
         dead_limit: int = DEAD_LIMIT,
     ) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
+        with extra_required("dynamodb", "the DynamoDB provider"):
+            from botocore.exceptions import BotoCoreError, ClientError
 
         self.name = name
         self.client = client
@@ -117,6 +119,8 @@ class Table:
         except self.client_error as exc:
             if error_code(exc) == "ConditionalCheckFailedException":
                 raise ConditionFailed(exc.response.get("Item")) from None  # type: ignore[arg-type]
+            if error_code(exc) == "ResourceNotFoundException":
+                raise TableNotFound(self.name, aws.location(self.client)) from exc
             raise LeaseBackendError(f"DynamoDB {what} failed: {exc}") from exc
         except self.botocore_error as exc:
             raise LeaseBackendError(f"DynamoDB {what} failed: {exc}") from exc

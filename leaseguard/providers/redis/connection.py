@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from leaseguard.errors import InvalidLeaseArgument, LeaseBackendError
+from leaseguard.errors import InvalidLeaseArgument, LeaseBackendError, extra_required
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -28,10 +28,11 @@ def connect(
     ``RedisCluster`` client that discovers the other nodes from this one."""
     if not isinstance(url, str) or not url.startswith(URL_SCHEMES):
         raise InvalidLeaseArgument("url must start with redis://, rediss:// or unix://")
-    import redis
-    from redis.backoff import ExponentialWithJitterBackoff
-    from redis.cluster import RedisCluster
-    from redis.retry import Retry
+    with extra_required("redis", "the Redis provider"):
+        import redis
+        from redis.backoff import ExponentialWithJitterBackoff
+        from redis.cluster import RedisCluster
+        from redis.retry import Retry
 
     options: dict[str, Any] = {
         "socket_timeout": socket_timeout,

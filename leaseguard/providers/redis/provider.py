@@ -7,7 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from leaseguard.errors import InvalidLeaseArgument, LeaseBackendError, LeaseLostError, QueueFull
+from leaseguard.errors import (
+    InvalidLeaseArgument,
+    LeaseBackendError,
+    LeaseLostError,
+    QueueFull,
+    extra_required,
+)
 from leaseguard.protocol.model import DEAD_LIMIT, DEFAULT_MAX_QUEUE, Failure
 from leaseguard.providers.base import BaseLeaseProvider, new_nonce
 from leaseguard.signals import decode_signal
@@ -103,8 +109,9 @@ class RedisLeaseProvider(BaseLeaseProvider):
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
             raise InvalidLeaseArgument("prefix must be a str without '{' or '}'")
         check_replication(client, replicas, replica_timeout_ms)
-        import redis
-        from redis.cluster import RedisCluster
+        with extra_required("redis", "the Redis provider"):
+            import redis
+            from redis.cluster import RedisCluster
 
         self.client = client
         self.execute: Callable[..., Any] = direct_calls(client) or client.execute_command
