@@ -141,16 +141,7 @@ def complete(
     values.update({":me": owner, ":now": now, ":tok": token, ":v": version, ":empty": []})
     sets = list(COMPLETE_SETS)
     if entries:
-        # [G2] appended, or, once enough of d is forgotten, d rewritten as what it remembers
-        # with these entries: in this write, pinned to the snapshot, so that d never holds
-        # more than DONE_STORED_BYTES after a completion, whatever its size.
-        rewritten = rewrite([*lease.done, *(attribute_value(e) for e in entries)], now)
-        if rewritten is None:
-            sets.append(REMEMBER_DONE)
-            values[":done"] = entries
-        else:
-            sets.append(REWRITE_DONE)
-            values[":done"] = [plain(element) for element in rewritten]
+        remember(sets, values, lease, entries, now)
     removes = list(COMPLETE_REMOVES)
     if dead:
         error = failure.error if failure else ""
@@ -233,7 +224,7 @@ def complete(
                 }
             )
             result = decode_signal(head, stored, new_token, attempts.get(head, 0))
-    update = _update(sets, removes, values, attempts)
+    update = with_attempts(sets, removes, values, attempts)
     try:
         table.update(key, update, condition, values)
     except ConditionFailed as failed:
@@ -255,7 +246,7 @@ def _drop_gone(table: Table, key: str, lease: Lease, owner: str, now: int) -> Re
     condition = lease.pinned(COMPLETE_CONDITION, values)
     values.update({":me": owner, ":now": now, ":tok": lease.token, ":v": new_nonce()})
     removes = [QUEUE_ELEMENT.format(index=i) for i in range(_GONE_BATCH)]
-    update = _update(list(GONE_AHEAD_SETS), removes, values, attempts)
+    update = with_attempts(list(GONE_AHEAD_SETS), removes, values, attempts)
     try:
         table.update(key, update, condition, values)
     except ConditionFailed as failed:
@@ -263,16 +254,34 @@ def _drop_gone(table: Table, key: str, lease: Lease, owner: str, now: int) -> Re
     return Retry()
 
 
-def _update(
+def remember(
+    sets: list[str], values: dict[str, object], lease: Lease, entries: list[Any], now: int
+) -> None:
+    """[G2] ``entries`` (a completed batch and its marker) appended to ``d``, or, once enough
+    of ``d`` is forgotten, ``d`` rewritten as what it remembers with them: in the same write,
+    pinned to the snapshot ``lease``, so that ``d`` never holds more than DONE_STORED_BYTES
+    after a completion, whatever its size (``values`` must hold ``:empty``)."""
+    rewritten = rewrite([*lease.done, *(attribute_value(e) for e in entries)], now)
+    if rewritten is None:
+        sets.append(REMEMBER_DONE)
+        values[":done"] = entries
+    else:
+        sets.append(REWRITE_DONE)
+        values[":done"] = [plain(element) for element in rewritten]
+
+
+def with_attempts(
     sets: list[str], removes: list[str], values: dict[str, object], attempts: Mapping[str, int]
 ) -> str:
-    """COMPLETE_UPDATE of ``sets`` and ``removes``, with the attempt counts written whole
-    (``a`` removed when none is left)."""
+    """The update of ``sets`` and ``removes``, with the attempt counts written whole (``a``
+    removed when none is left)."""
     if attempts:
         sets.append(ATTEMPTS_SET)
         values[":a"] = attempts
     else:
         removes.append(ATTEMPTS)
+    if not removes:
+        return "SET " + ", ".join(sets)
     return COMPLETE_UPDATE.format(sets=", ".join(sets), removes=", ".join(removes))
 
 

@@ -10,26 +10,22 @@ from leaseguard.providers.base import new_nonce
 from leaseguard.signals import decode_signal
 from leaseguard.types import Signal
 
-from .complete import Then, complete, prune
+from .complete import Then, complete, prune, remember, with_attempts
 from .contention import optimistic_tries, unsettled
-from .done import done_view, marker, plain, rewrite
+from .done import done_view, marker
 from .expressions import (
-    ATTEMPTS,
-    ATTEMPTS_SET,
     COMPLETE_CONDITION,
     QUEUE_ELEMENT,
     RELEASE_IDLE_CONDITION,
     RELEASE_IDLE_GRANT_CONDITION,
     RELEASE_IDLE_UPDATE,
-    REMEMBER_DONE,
     REPORT_KEPT_SETS,
     REPORT_NONE_KEPT_REMOVES,
-    REWRITE_DONE,
     TAKE_CONDITION,
     TAKE_UPDATE,
 )
 from .io import ConditionFailed, Retry, Table
-from .schema import OPTIMISTIC_ATTEMPTS, Lease, attribute_value, strings_of
+from .schema import OPTIMISTIC_ATTEMPTS, Lease, strings_of
 
 # A take moves at most this many signals per write: an UpdateExpression is limited to 4 KB,
 # which would allow about 200; 64 because moto's expression parser recurses once per element
@@ -45,8 +41,8 @@ def take(
     token: int | None = None,
     completed: tuple[str, ...] = (),
 ) -> list[Signal]:
-    if completed:
-        report_completed(table, key, owner, token, completed)
+    # the item as the report left it: the take's first try starts from it
+    seen = report_completed(table, key, owner, token, completed) if completed else None
     taken_ids: list[str] = []
     taken_refs: list[str] = []
     attempts: Mapping[str, int] = {}
@@ -56,7 +52,7 @@ def take(
         if tries > OPTIMISTIC_ATTEMPTS + limit // _TAKE_BATCH:
             raise LeaseBackendError(f"take_signals on {key!r} did not settle")
         now, cutoff = table.times()
-        lease = table.read(key)
+        lease, seen = seen or table.read(key), None
         if not lease.live_grant(owner, now, token):
             if taken_ids:
                 break  # what we moved is in flight for us; adopt re-delivers it if we died
@@ -104,14 +100,17 @@ def take(
 
 def report_completed(
     table: Table, key: str, owner: str, token: int | None, completed: tuple[str, ...]
-) -> None:
+) -> Lease | None:
     """[K1] the in-flight signals named in ``completed`` (they ran and succeeded since the last
     report) are done before the next ones are taken: out of the in-flight list, remembered as
     completed ([G2]) under the grant's token, their payloads deleted. One write, conditional on
     the snapshot it was computed from (the live grant, its version); a crash after it neither
     runs nor charges them again ([G5]). A separate write from the take that follows: a take
     moves at most _TAKE_BATCH signals per write anyway, and a reply lost between the two
-    leaves the report applied once (the resend finds nothing of it in flight)."""
+    leaves the report applied once (the resend finds nothing of it in flight).
+
+    Returns the item as the report left it (its ALL_NEW image, or the read that found nothing
+    to report), for the take to start from without reading it again; None after a resend."""
     reported = set(completed)
     lease: Lease | None = None
     for _ in optimistic_tries():
@@ -122,16 +121,14 @@ def report_completed(
         pairs = list(zip(lease.in_flight, lease.in_flight_refs, strict=False))
         done_pairs = [(sid, ref) for sid, ref in pairs if sid in reported]
         if not done_pairs:
-            return  # nothing of it in flight (a resend of an applied report, or none ran)
+            return lease  # nothing of it in flight (a resend of an applied report, or none ran)
         kept = [(sid, ref) for sid, ref in pairs if sid not in reported]
-        done_ids = [sid for sid, _ in done_pairs]
         attempts = {sid: n for sid, n in lease.attempts.items() if sid not in reported}
-        entries = [*done_ids, marker(now, lease.token, True)]
         version = new_nonce()
         values: dict[str, object] = {}
         condition = lease.pinned(COMPLETE_CONDITION, values)
-        values.update({":me": owner, ":now": now, ":tok": lease.token, ":v": version})
-        sets = ["#v = :v"]
+        values.update({":me": owner, ":now": now, ":tok": lease.token, ":v": version, ":empty": []})
+        sets: list[str] = ["#v = :v"]
         removes: list[str] = []
         if kept:
             sets += REPORT_KEPT_SETS
@@ -139,26 +136,17 @@ def report_completed(
             values[":kfn"] = [ref for _, ref in kept]
         else:
             removes += REPORT_NONE_KEPT_REMOVES
-        rewritten = rewrite([*lease.done, *(attribute_value(e) for e in entries)], now)
-        if rewritten is None:
-            sets.append(REMEMBER_DONE)
-            values[":done"], values[":empty"] = entries, []
-        else:
-            sets.append(REWRITE_DONE)
-            values[":done"] = [plain(element) for element in rewritten]
-        if attempts:
-            sets.append(ATTEMPTS_SET)
-            values[":a"] = attempts
-        else:
-            removes.append(ATTEMPTS)
-        update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
+        entries = [*(sid for sid, _ in done_pairs), marker(now, lease.token, True)]
+        remember(sets, values, lease, entries, now)
+        update = with_attempts(sets, removes, values, attempts)
+        after: Lease | None = None
         try:
-            table.update(key, update, condition, values)
+            after = Lease.parse(table.update(key, update, condition, values, returns="ALL_NEW"))
         except ConditionFailed as failed:
             if failed.lease.version != version:  # else: a resend of this write, applied
                 continue
         table.delete_signals(key, [ref for _, ref in done_pairs])
-        return
+        return after
     raise unsettled("take_signals", key, lease)
 
 
