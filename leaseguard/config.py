@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, cast
 
 from leaseguard.errors import ConfigurationError, InvalidLeaseArgument
-from leaseguard.protocol.model import DEFAULT_MAX_QUEUE
-from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_ttl
+from leaseguard.protocol.model import DEAD_LIMIT, DEFAULT_MAX_QUEUE
+from leaseguard.providers.base import MAX_QUEUE_LIMIT
+from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_positive_int, check_ttl
 
 if TYPE_CHECKING:
     from leaseguard.providers.base import BaseLeaseProvider
@@ -77,6 +78,7 @@ class ProviderConfig:
     ttl_ms: int = DEFAULT_TTL_MS
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     max_queue: int = DEFAULT_MAX_QUEUE
+    dead_limit: int = DEAD_LIMIT
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -87,14 +89,20 @@ class ProviderConfig:
             raise ConfigurationError("the redis backend needs LEASEGUARD_REDIS_URL")
         if self.backend == "dynamodb" and not self.table_name:
             raise ConfigurationError("the dynamodb backend needs LEASEGUARD_TABLE_NAME")
-        if not 1 <= self.max_queue <= 1_000_000:
-            raise ConfigurationError(
-                f"LEASEGUARD_MAX_QUEUE must be 1..1000000, got {self.max_queue}"
-            )
+        # the providers' own checks, before any client is made, named by their variables
         try:
             check_ttl(self.ttl_ms)
         except InvalidLeaseArgument as exc:
             raise ConfigurationError(f"LEASEGUARD_TTL_MS: {exc}") from exc
+        bounded = (
+            ("LEASEGUARD_MAX_QUEUE", "max_queue", self.max_queue, MAX_QUEUE_LIMIT),
+            ("LEASEGUARD_DEAD_LIMIT", "dead_limit", self.dead_limit, DEAD_LIMIT),
+        )
+        for variable, name, value, maximum in bounded:
+            try:
+                check_positive_int(name, value, maximum)
+            except InvalidLeaseArgument as exc:
+                raise ConfigurationError(f"{variable}: {exc}") from exc
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ProviderConfig:
@@ -137,6 +145,7 @@ class ProviderConfig:
                 "LEASEGUARD_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES, env
             ),
             max_queue=env_int("LEASEGUARD_MAX_QUEUE", DEFAULT_MAX_QUEUE, env),
+            dead_limit=env_int("LEASEGUARD_DEAD_LIMIT", DEAD_LIMIT, env),
         )
 
     def build(self) -> BaseLeaseProvider:
@@ -164,6 +173,7 @@ class ProviderConfig:
                 prefix=self.key_prefix,
                 max_payload_bytes=self.max_payload_bytes,
                 max_queue=self.max_queue,
+                dead_limit=self.dead_limit,
                 replicas=self.redis_replicas,
                 replica_timeout_ms=timeout,
             )
@@ -177,12 +187,15 @@ class ProviderConfig:
                 clock_skew_ms=self.clock_skew_ms,
                 max_payload_bytes=self.max_payload_bytes,
                 max_queue=self.max_queue,
+                dead_limit=self.dead_limit,
             )
         if self.backend == "memory":
             from leaseguard.providers.memory import InMemoryLeaseProvider
 
             return InMemoryLeaseProvider(
-                max_payload_bytes=self.max_payload_bytes, max_queue=self.max_queue
+                max_payload_bytes=self.max_payload_bytes,
+                max_queue=self.max_queue,
+                dead_limit=self.dead_limit,
             )
         from leaseguard.providers.noop import NoopLeaseProvider
 
@@ -202,6 +215,7 @@ ENV_NAMES = (
     "LEASEGUARD_TTL_MS",
     "LEASEGUARD_MAX_PAYLOAD_BYTES",
     "LEASEGUARD_MAX_QUEUE",
+    "LEASEGUARD_DEAD_LIMIT",
     "AWS_REGION",
     "AWS_DEFAULT_REGION",
     "AWS_LAMBDA_FUNCTION_NAME",

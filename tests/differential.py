@@ -30,6 +30,9 @@ for it if DynamoDB refused it, and runs a late resend of that step if DynamoDB a
 late request may act as its call, as a late resend does); either way the states must agree,
 and the owner's deadline must not move back (see :meth:`Side.deliver_late`).
 ``expire`` makes the key's current lease run out (see :func:`expire`).
+On a side whose storage bounds a queue by size (DynamoDB's item limit, judged at
+``SCALED_ROOM``), a forward runs on the backend first and the model's step is given the room the
+backend judged (:class:`RoomJudge`); a refused forward must leave the key's items as they were.
 """
 
 from __future__ import annotations
@@ -138,6 +141,9 @@ class Side:
     # recorded by ``resend_hook`` (its ``recorded`` list), one list per step, in order.
     late_requests: bool = False
     requests: list[list[dict[str, Any]]] = field(default_factory=list)
+    # Whether the side's storage bounds a key's queue by size (DynamoDB's item limit): a
+    # RoomJudge that records the room each forward judged, for the model's step.
+    room: RoomJudge | None = None
 
     def rank(self, key: str, token: int | None) -> int | None:
         if token is None:
@@ -159,6 +165,12 @@ class Side:
         """``fn`` for ``op``: once; twice for a resend (by the side's hook, or by the model
         running it again with the nonces it drew); or, for a late resend, once with the nonces
         the earlier step drew. The nonces a step draws are kept for its late resends."""
+        if self.room is None:
+            return self._call_recorded(fn, op)
+        with self.room.judging():
+            return self._call_recorded(fn, op)
+
+    def _call_recorded(self, fn: Callable[[], Any], op: Op) -> tuple[str, Any]:
         if op.late_of is not None:
             with _nonces(self.nonce_module, self.nonces.get(repr(op.late_of), [])):
                 return _capture(fn)
@@ -234,8 +246,8 @@ def _nonces(module: Any, replay: list[str], made: list[str] | None = None) -> It
 def _capture(fn: Callable[[], Any]) -> tuple[str, Any]:
     try:
         return ("ok", fn())
-    except QueueFull as exc:
-        return ("raise", ("QueueFull", exc.depth, exc.limit, exc.holder))
+    except QueueFull as exc:  # by its size (``why``) or by max_queue
+        return ("raise", ("QueueFull", exc.depth, exc.limit, exc.holder, exc.why is not None))
     except (LeaseLostError, InvalidLeaseArgument) as exc:
         return ("raise", type(exc).__name__)
     except Exception as exc:  # a crash is a disagreement, reported with its text
@@ -347,6 +359,48 @@ def redis_storage(provider: Any, client: Any, key: str, want: KeyState) -> list[
     return found
 
 
+# [Q8] by the lease item's size (docs/dynamodb.md, "The item limit") at the sizes a sequence
+# reaches: the DynamoDB side judges a forward's room (schema.Lease.queue_bound) against these
+# limits instead of 400 KB, 48 KB and 128 KB, so that a few queued inline payloads, a long
+# dead letter or a grown done memory leave no room, while an idle key always has room for
+# the largest inline forward. DynamoDB's own 400 KB limit still applies to every write
+# (moto's, and the harness's item sizes in test_dynamodb_bounds.py).
+SCALED_ROOM = {"ITEM_LIMIT_BYTES": 2_400, "ITEM_MARGIN_BYTES": 400, "DONE_RESERVE_BYTES": 800}
+
+
+class RoomJudge:
+    """While :meth:`judging`, ``Lease.queue_bound`` judges room at SCALED_ROOM and records
+    the room it found below ``max_queue`` (the last one of the step: the snapshot the step
+    decided on). The model's step is given that room (``InMemoryLeaseProvider.storage_room``),
+    so that both answer the same forward by the same room, and every other part of the
+    answer (which rows refuse, what is left stored, the payload item deleted) is compared."""
+
+    def __init__(
+        self, items: Callable[[str], list[dict[str, Any]]], limits: dict[str, int] = SCALED_ROOM
+    ) -> None:
+        self.items, self.limits = items, limits  # items: every item of a key, as stored
+        self.judged: int | None = None
+        self.refusals = 0  # forwards DynamoDB refused by the item's size, over the side's life
+
+    @contextlib.contextmanager
+    def judging(self) -> Iterator[None]:
+        from unittest import mock
+
+        from leaseguard.providers.dynamodb import schema
+
+        original = schema.Lease.queue_bound
+        self.judged = None
+
+        def queue_bound(lease: Any, signal_id: str, ref: str, max_queue: int) -> int:
+            with mock.patch.multiple(schema, **self.limits):
+                bound: int = original(lease, signal_id, ref, max_queue)
+            self.judged = bound if bound < max_queue else None
+            return bound
+
+        with mock.patch.object(schema.Lease, "queue_bound", queue_bound):
+            yield
+
+
 class ResendingDynamoDB:
     """Wraps a botocore client's ``_make_api_call``: while ``twice`` is set every write request
     is sent twice with the same parameters (botocore's retry after a lost reply); the first
@@ -397,7 +451,29 @@ def dynamodb_side(table: str, client: Any, name: str = "dynamodb", **options: An
         storage=lambda key, want: dynamodb_storage(table, client, key, want),
         late_resends=False,
         late_requests=True,
+        room=RoomJudge(lambda key: dynamodb_items(table, client, key)),
     )
+
+
+def _changed(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str | None:
+    """What differs between two listings of a key's items, by sort key, or None."""
+    old, new = ({i["sk"]["S"]: i for i in items} for items in (before, after))
+    added, gone = sorted(new.keys() - old.keys()), sorted(old.keys() - new.keys())
+    rewritten = sorted(sk for sk in old.keys() & new.keys() if old[sk] != new[sk])
+    if not (added or gone or rewritten):
+        return None
+    return f"items added {added}, deleted {gone}, rewritten {rewritten}"
+
+
+def dynamodb_items(table: str, client: Any, key: str) -> list[dict[str, Any]]:
+    """Every item of ``key`` (its lease item and payload items), as DynamoDB stores them."""
+    pages = client.get_paginator("query").paginate(
+        TableName=table,
+        KeyConditionExpression="pk = :k",
+        ExpressionAttributeValues={":k": {"S": key}},
+        ConsistentRead=True,
+    )
+    return sorted((item for page in pages for item in page["Items"]), key=lambda i: i["sk"]["S"])
 
 
 def dynamodb_storage(table: str, client: Any, key: str, want: KeyState) -> list[str]:
@@ -585,7 +661,13 @@ def late_request_of(op: Op) -> bool:
     )
 
 
-def draw_op(rng: random.Random, model: Side, keys: Sequence[str], weights: dict[str, int]) -> Op:
+def draw_op(
+    rng: random.Random,
+    model: Side,
+    keys: Sequence[str],
+    weights: dict[str, int],
+    payloads: Callable[[random.Random], dict[str, Any]] | None = None,
+) -> Op:
     """An op that mostly does something: owners and tokens mostly the model's current ones,
     sometimes a previous owner, an old token or a forged one."""
     assert isinstance(model.provider, InMemoryLeaseProvider)
@@ -622,7 +704,7 @@ def draw_op(rng: random.Random, model: Side, keys: Sequence[str], weights: dict[
     )
     if name == "acquire_or_enqueue":
         bound = {"max_queue": rng.choice((1, 2, 3))} if rng.random() < 0.3 else {}
-        shape = draw_payload(rng)
+        shape = (payloads or draw_payload)(rng)
         return Op(
             name, key, id=rng.choice(IDS), v=rng.randrange(100), resend=resend, **bound, **shape
         )
@@ -766,6 +848,15 @@ def draw_payload(rng: random.Random) -> dict[str, Any]:
     return {}
 
 
+def draw_filling_payload(rng: random.Random) -> dict[str, Any]:
+    """Mostly records at the inline edge (the largest that stay on the lease item): what
+    fills a key's lease item fastest, for the sequences that reach item-size refusals."""
+    r = rng.random()
+    if r < 0.55:
+        return {"shape": rng.choice(("inline-2", "inline", "inline+1"))}
+    return draw_payload(rng)
+
+
 # Error texts of failure reports: the backends store them as the provider's shared check cut
 # them (MAX_ERROR_CHARS, an empty one as "error", a lone surrogate replaced).
 ERRORS = ("boom", "", "ünïcødé ☃ 💥 深", "x" * 1_500, "é" * 1_001, "line\nbreak\ttab\r", "\ud800!")
@@ -815,6 +906,7 @@ def run_sequence(
     ops: Sequence[Op] | None = None,
     weights: dict[str, int] | None = None,
     trace: list[tuple[Op, Any]] | None = None,
+    payloads: Callable[[random.Random], dict[str, Any]] | None = None,
 ) -> list[Disagreement]:
     """Apply a random sequence (from ``seed``) or ``ops`` to the model and ``backend``; the first
     disagreement, if any (a fresh namespace per call: adopt_orphans sees every key). ``trace``
@@ -837,7 +929,7 @@ def run_sequence(
             at = rng.choice(earlier[-4:])  # mostly late by a few steps: its grant may stand
             op = Op.late_request(done[at].key, at, rng.randrange(1000))
         else:
-            op = draw_op(rng, model, keys, weights or WEIGHTS)
+            op = draw_op(rng, model, keys, weights or WEIGHTS, payloads)
         done.append(op)
         if op.name == "late_request":
             # DynamoDB first: the model runs a late resend of the step only if it applied
@@ -846,6 +938,25 @@ def run_sequence(
             if applied:
                 apply(model, Op.late(done[op.kw["step"]]))
             want, got = ("ok", None), (("ok", problem) if got[0] == "ok" else got)
+        elif backend.room is not None and op.name == "acquire_or_enqueue":
+            # the backend first: the model's step is given the room the backend judged; a
+            # refused forward must leave every item of the key as it was (nothing stored)
+            before = backend.room.items(op.key)
+            got = apply(backend, op)
+            if got[0] == "raise" and got[1][0] == "QueueFull":
+                changed = _changed(before, backend.room.items(op.key))
+                if changed:
+                    what = f"storage of {op.key} (a refused forward wrote)"
+                    return [Disagreement(backend.name, seed, what, ("ok", None), changed, done)]
+            room, judge = backend.room.judged, model.provider
+            assert isinstance(judge, InMemoryLeaseProvider)
+            judge.storage_room = lambda key, sid, room=room: room
+            try:
+                want = apply(model, op)
+            finally:
+                judge.storage_room = None
+            if got[0] == "raise" and got[1][-1]:
+                backend.room.refusals += 1
         else:
             want, got = apply(model, op), apply(backend, op)
         if trace is not None:
@@ -945,12 +1056,14 @@ class Summary:
     seconds: float = 0.0
     disagreements: list[Disagreement] = field(default_factory=list)
     stopped: bool = False  # by the time budget, before the last seed
+    room_refusals: int = 0  # forwards refused by the storage's room (DynamoDB), compared
 
     def __str__(self) -> str:
         rate = self.ops / self.seconds if self.seconds else 0.0
         return (
             f"{self.backend}: {self.sequences} sequences, {self.ops} ops in {self.seconds:.1f} s "
             f"({rate:.0f} ops/s), {len(self.disagreements)} disagreeing"
+            + (f", {self.room_refusals} refused by the item's room" if self.room_refusals else "")
             + (" (stopped by the time budget)" if self.stopped else "")
         )
 
@@ -962,6 +1075,7 @@ def run_many(
     length: int = 25,
     budget_s: float = float("inf"),
     weights: dict[str, int] | None = None,
+    payloads: Callable[[random.Random], dict[str, Any]] | None = None,
 ) -> Summary:
     """Run a sequence per seed (each on a fresh backend namespace) until the seeds or the time
     budget run out."""
@@ -973,8 +1087,9 @@ def run_many(
             break
         backend = make_backend()
         summary.backend = backend.name
-        found = run_sequence(seed, backend, length=length, weights=weights)
+        found = run_sequence(seed, backend, length=length, weights=weights, payloads=payloads)
         summary.sequences += 1
+        summary.room_refusals += backend.room.refusals if backend.room is not None else 0
         summary.ops += len(found[0].ops) if found else length
         summary.disagreements += found
     summary.seconds = time.monotonic() - start

@@ -31,9 +31,12 @@ from .differential import (
     WEIGHTS,
     Disagreement,
     Op,
+    RoomJudge,
     Side,
     Summary,
     T,
+    draw_filling_payload,
+    dynamodb_items,
     dynamodb_side,
     model_side,
     redis_side,
@@ -265,6 +268,88 @@ def test_dynamodb_agrees_with_the_model(dynamodb_client: Any) -> None:
     seeds, budget = plan("dynamodb")
     summary = run_many(dynamodb, seeds, length=LENGTH, budget_s=budget, weights=DYNAMODB_WEIGHTS)
     check(summary, dynamodb, floor=FLOORS["dynamodb"])
+
+
+# Forwards mostly, of records at the inline edge, with failures (whose retries judge room at
+# the grant): the sequences that reach item-size refusals at differential.SCALED_ROOM.
+FILLING = {
+    **DYNAMODB_WEIGHTS,
+    **{"acquire_or_enqueue": 40, "adopt_orphans": 2, "tick": 2, "renew_lease": 3},
+    **{"get_lease_owner": 0, "pending_signals": 0, "dead_letter_keys": 0},
+}
+# The room refusals seeds 0-15 reach (11 when this was written): fewer means the sequences no
+# longer reach the rows under test, and the test says so instead of passing on nothing.
+ROOM_REFUSALS_FLOOR = 8
+
+
+def test_dynamodb_item_size_refusals_agree_with_the_model(dynamodb_client: Any) -> None:
+    """[Q8] by the lease item's room: the DynamoDB side judges room at scaled limits and the
+    model's step is given the room judged (differential.RoomJudge), so which forwards are
+    refused by room, what they answer, that they store nothing (every item of the key as it
+    was) and every later step are compared. Fixed seeds, no time budget."""
+
+    def dynamodb() -> Side:
+        return dynamodb_side(f"lg-{uuid.uuid4().hex[:12]}", dynamodb_client)
+
+    summary = run_many(
+        dynamodb, range(16), length=LENGTH, weights=FILLING, payloads=draw_filling_payload
+    )
+    check(summary, dynamodb)
+    assert summary.room_refusals >= ROOM_REFUSALS_FLOOR, summary
+
+
+# Room for 800 bytes besides the item itself: an idle key has room for a small record, not for
+# one at the inline edge, and an owner whose own record is inline leaves room for nothing.
+TIGHT_ROOM = {"ITEM_LIMIT_BYTES": 1_900, "ITEM_MARGIN_BYTES": 300, "DONE_RESERVE_BYTES": 800}
+
+
+def _tight_side(client: Any) -> Side:
+    table = f"lg-{uuid.uuid4().hex[:12]}"
+    side = dynamodb_side(table, client)
+    side.room = RoomJudge(lambda key: dynamodb_items(table, client, key), TIGHT_ROOM)
+    return side
+
+
+@pytest.mark.parametrize(
+    "ops",
+    [
+        pytest.param(
+            [  # a failed run's retry resumes its count, so its grant judges room (Q1 refused)
+                Op("acquire_or_enqueue", "k0", id="s0", v=0),
+                Op(
+                    "transfer_to_next",
+                    "k0",
+                    owner="s0",
+                    claim=True,
+                    token=T(0),
+                    failure={"error": "boom", "requeue_owner": False},
+                ),
+                Op("acquire_or_enqueue", "k0", id="s0", v=0, shape="inline"),
+                Op("acquire_or_enqueue", "k0", id="s0", v=0, resend=True),
+            ],
+            id="retry-grant",
+        ),
+        pytest.param(
+            [  # a record on a payload item, refused: the payload item is deleted again
+                Op("acquire_or_enqueue", "k0", id="s0", v=0, shape="inline"),
+                Op("acquire_or_enqueue", "k0", id="s1", v=1, shape="item"),
+                Op("acquire_or_enqueue", "k0", id="s1", v=1, shape="split+1", resend=True),
+                Op("transfer_to_next", "k0", owner="s0", claim=True, token=T(0)),
+                Op("acquire_or_enqueue", "k0", id="s1", v=1, shape="item"),
+            ],
+            id="payload-item",
+        ),
+    ],
+)
+def test_a_forward_refused_for_room_agrees_with_the_model(
+    dynamodb_client: Any, ops: list[Op]
+) -> None:
+    side = _tight_side(dynamodb_client)
+    trace: list[tuple[Op, Any]] = []
+    assert run_sequence(None, side, ops=ops, trace=trace) == []
+    refused = [op for op, reply in trace if reply[0] == "raise" and reply[1][-1] is True]
+    assert refused and side.room is not None and side.room.refusals == len(refused), trace
+    assert trace[-1][1][0] == "ok", trace  # the last forward, with room again, goes through
 
 
 # A guarded chain on one key, step by step: a grant, forwards, renewals with time between them,

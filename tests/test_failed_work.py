@@ -387,6 +387,30 @@ def test_dead_limit_is_at_most_the_protocols_bound() -> None:
             InMemoryLeaseProvider(dead_limit=bad)
 
 
+def test_dead_limit_comes_from_the_environment_on_every_backend(
+    monkeypatch: Any, redis_url: str
+) -> None:
+    """LEASEGUARD_DEAD_LIMIT reaches every provider the environment builds (and from_url); a
+    bad one is a ConfigurationError naming the variable, before any client is made."""
+    from leaseguard.providers.redis import RedisLeaseProvider
+
+    monkeypatch.setenv("LEASEGUARD_DEAD_LIMIT", "7")
+    for backend, more in (
+        ("memory", {}),
+        ("redis", {"LEASEGUARD_REDIS_URL": redis_url}),
+        ("dynamodb", {"LEASEGUARD_TABLE_NAME": "leases", "AWS_DEFAULT_REGION": "us-east-1"}),
+    ):
+        monkeypatch.setenv("LEASEGUARD_BACKEND", backend)
+        for name, value in more.items():
+            monkeypatch.setenv(name, value)
+        assert ProviderConfig.from_env().build().dead_limit == 7, backend
+    assert RedisLeaseProvider.from_url(redis_url, dead_limit=2).dead_limit == 2
+    for bad in ("0", "101", "x"):
+        monkeypatch.setenv("LEASEGUARD_DEAD_LIMIT", bad)
+        with pytest.raises(ConfigurationError, match="LEASEGUARD_DEAD_LIMIT"):
+            ProviderConfig.from_env()
+
+
 def test_an_unclaimed_grant_that_expires_three_times_keeps_its_attempts(
     provider: BaseLeaseProvider,
 ) -> None:

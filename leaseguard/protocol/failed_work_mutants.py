@@ -32,8 +32,9 @@ class BoundIgnored(MutantModel):
         nonce: str,
         now: int,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        room: int | None = None,
     ) -> LeaseResult | Full:
-        return super().acquire_or_enqueue(rec, sid, record, ttl_ms, nonce, now, 1 << 30)
+        return super().acquire_or_enqueue(rec, sid, record, ttl_ms, nonce, now, 1 << 30, room)
 
 
 class HaltIgnored(MutantModel):

@@ -129,7 +129,13 @@ class ProtocolModel(Transitions):
         nonce: str,
         now: int,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        room: int | None = None,
     ) -> LeaseResult | Full:
+        """``room``: how many signals the backend's storage leaves room for in the queue, if
+        it bounds them below ``max_queue`` (DynamoDB's lease item: ``Lease.queue_bound``);
+        None where nothing but ``max_queue`` does. It is an input of the step, not state:
+        the model has no sizes, and the differential suite gives it the room the DynamoDB
+        side judged at that step."""
         self.observe(rec, now)
         if rec.owner is not None and rec.grant_nonce == nonce and rec.owner in rec.stored:
             return rec.granted(sid)  # [Q7] a resend of this applied call (its signal not done: K1)
@@ -144,13 +150,17 @@ class ProtocolModel(Transitions):
             position = rec.queue.index(sid) + 1 if sid in rec.queue else None
             return LeaseResult(False, holder, token, position=position)
         if holder is None and not rec.has_work and not rec.halted:
+            if room is not None and room < 1:
+                return Full(None, 0, sized=True)  # [Q8] no room to store even the granted one
             # [Q1] free: the signal owns the key and stays in flight
             self.grant(rec, sid, ttl_ms, now, claimed=True, nonce=nonce, prev=None, prev_token=None)
             rec.stored[sid] = rec.stored_new(sid, record)
             rec.in_flight.append(sid)
             return rec.granted(sid)
-        if not known and len(rec.queue) >= max_queue:
-            return Full(holder, len(rec.queue))  # [Q8] the queue is at its bound: refused
+        bound = max_queue if room is None else min(max_queue, room)
+        if not known and len(rec.queue) >= bound:
+            # [Q8] the queue is at its bound: refused
+            return Full(holder, len(rec.queue), sized=bound < max_queue)
         if holder is not None:
             rec.stored[sid] = rec.stored_new(sid, record)  # [Q2] queued behind the holder
             rec.queue.append(sid)

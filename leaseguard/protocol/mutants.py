@@ -96,8 +96,9 @@ class GrantResendUnrecognised(MutantModel):
         nonce: str,
         now: int,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        room: int | None = None,
     ) -> LeaseResult | Full:
-        result = super().acquire_or_enqueue(rec, sid, record, ttl_ms, nonce, now, max_queue)
+        result = super().acquire_or_enqueue(rec, sid, record, ttl_ms, nonce, now, max_queue, room)
         if rec.grant_nonce == nonce:
             rec.grant_nonce = None
         return result

@@ -43,10 +43,12 @@ class Lost(NamedTuple):
 
 
 class Full(NamedTuple):
-    """The reply of a forward refused because the key's queue is at its bound (row Q8)."""
+    """The reply of a forward refused because the key's queue is at its bound (row Q8).
+    ``sized``: the bound was the room the backend's storage leaves, below ``max_queue``."""
 
     holder: str | None
     depth: int
+    sized: bool = False
 
 
 @dataclass(frozen=True)

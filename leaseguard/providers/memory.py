@@ -68,6 +68,11 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
         self._orphan_index: set[str] = set()  # keys with signals queued or in flight
         self._dead_index: set[str] = set()  # keys with dead letters
         self._ops = 0
+        # The room a sized storage would leave for a forward of (key, signal id), given to the
+        # model's Q8 as ``room``: memory stores without a size bound and leaves this None; the
+        # differential suite sets it to the room its DynamoDB side judged at the same step, so
+        # that item-size refusals are compared with the model's.
+        self.storage_room: Callable[[str, str], int | None] | None = None
 
     def _open(self, key: str) -> tuple[KeyRecord, int]:
         """The key's record (created empty) and the time; call with the lock held."""
@@ -169,16 +174,18 @@ class InMemoryLeaseProvider(BaseLeaseProvider):
         self, key: str, signal: Signal, record: str, ttl_ms: int, max_queue: int
     ) -> LeaseResult:
         model = self.model
+        room = self.storage_room(key, signal.id) if self.storage_room is not None else None
         result = self._step(
             key,
             "acquire_or_enqueue",
             (signal.id,),
             lambda rec, now, nonce: model.acquire_or_enqueue(
-                rec, signal.id, record, ttl_ms, nonce, now, max_queue
+                rec, signal.id, record, ttl_ms, nonce, now, max_queue, room
             ),
         )
         if isinstance(result, Full):
-            raise QueueFull(key, result.depth, max_queue, result.holder)
+            why = f"its storage has room for {room} queued signals" if result.sized else None
+            raise QueueFull(key, result.depth, max_queue, result.holder, why)
         return result
 
     def _take(

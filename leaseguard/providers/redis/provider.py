@@ -141,6 +141,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
         prefix: str = "lg:",
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        dead_limit: int = DEAD_LIMIT,
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT_S,
         replicas: int = 0,
         replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS,
@@ -149,7 +150,8 @@ class RedisLeaseProvider(BaseLeaseProvider):
         """Build a client from ``redis://``, ``rediss://`` (TLS) or ``unix://`` URLs, with ACL
         credentials as ``redis://user:password@host:port/db``. ``cluster=True`` makes a
         ``RedisCluster`` client that discovers the other nodes from this one. ``replicas`` and
-        ``replica_timeout_ms`` are the constructor's (checked before connecting)."""
+        ``replica_timeout_ms`` are the constructor's (checked before connecting), as are the
+        other keywords."""
         check_replication(None, replicas, replica_timeout_ms, socket_timeout)
         client = connect(url, cluster=cluster, socket_timeout=socket_timeout, **client_options)
         return cls(
@@ -157,6 +159,7 @@ class RedisLeaseProvider(BaseLeaseProvider):
             prefix=prefix,
             max_payload_bytes=max_payload_bytes,
             max_queue=max_queue,
+            dead_limit=dead_limit,
             replicas=replicas,
             replica_timeout_ms=replica_timeout_ms,
         )
