@@ -49,7 +49,7 @@ class TableNotFound(LeaseBackendError):
     """
 
     FIX = (
-        "create it (template.yaml's LeaseTable, or DynamoDBLeaseProvider(name).create_table(); "
+        "create it (template.yaml's LeaseTable, or `leaseguard create-table --table NAME`; "
         "docs/dynamodb.md has the schema) or point LEASEGUARD_TABLE_NAME at an existing one"
     )
 

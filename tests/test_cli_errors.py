@@ -311,3 +311,42 @@ def test_an_unexpected_error_is_one_line_and_debug_shows_the_traceback(
     err = capsys.readouterr().err
     assert err.startswith("Traceback") and "TypeError: something" in err
     assert err.splitlines()[-1].startswith("leaseguard inspect: error: unexpected TypeError")
+
+
+def test_create_table_creates_once_and_then_checks(dynamodb_endpoint: str) -> None:
+    """leaseguard create-table: the table with both indexes and TTL; run again, it finds it;
+    a table of that name without the indexes, or a bad name, is a one-line error (exit 2)."""
+    table = f"lg-{uuid.uuid4().hex[:8]}"
+    where = ["--dynamodb-endpoint", dynamodb_endpoint]
+    done = leaseguard("create-table", *where, "--table", table, env=FAKE_AWS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == f"created DynamoDB table {table!r} at {dynamodb_endpoint}"
+    client = boto3.client("dynamodb", endpoint_url=dynamodb_endpoint, **_boto_args())
+    described = client.describe_table(TableName=table)["Table"]
+    indexes = {index["IndexName"] for index in described["GlobalSecondaryIndexes"]}
+    assert indexes == {"orphans", "dead_letters"}
+    ttl = client.describe_time_to_live(TableName=table)["TimeToLiveDescription"]
+    assert (ttl["TimeToLiveStatus"], ttl["AttributeName"]) == ("ENABLED", "ttl")
+    # the provider works on it
+    provider = DynamoDBLeaseProvider(table, client=client)
+    assert provider.acquire_or_enqueue("k", Signal("s1", {}), 5_000).acquired
+
+    again = leaseguard("create-table", *where, env={**FAKE_AWS, "LEASEGUARD_TABLE_NAME": table})
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "exists" in again.stdout and "indexes and TTL checked" in again.stdout
+
+    bare = f"bare-{uuid.uuid4().hex[:8]}"
+    client.create_table(
+        TableName=bare,
+        BillingMode="PAY_PER_REQUEST",
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+    )
+    line = one_line(
+        leaseguard("create-table", *where, "--table", bare, env=FAKE_AWS), 2, "create-table"
+    )
+    assert f"table {bare!r} exists without the 'orphans' index" in line
+    line = one_line(
+        leaseguard("create-table", *where, "--table", "x", env=FAKE_AWS), 2, "create-table"
+    )
+    assert "--table" in line and "3 to 255 characters" in line

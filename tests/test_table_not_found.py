@@ -38,7 +38,7 @@ def test_a_guarded_handler_names_the_missing_table_and_the_fix(
     assert (error.table, error.where) == (table, endpoint)
     last_line = traceback.format_exception_only(error)[-1]
     assert f"DynamoDB table {table!r} does not exist at {endpoint}" in last_line
-    assert "create_table()" in last_line and "template.yaml" in last_line
+    assert "leaseguard create-table" in last_line and "template.yaml" in last_line
 
 
 def test_a_provider_on_aws_names_the_region(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,7 @@ dead-letters   the keys that hold dead letters, with their counts
 redrive        put a key's dead letters back at the head of its queue
 sweep          one sweeper pass: adopt orphaned keys and dispatch their signals
 invoke         run a handler locally with a Lambda-like context (no Docker)
+create-table   create the DynamoDB table (idempotent)
 =============  ==================================================================
 
 Every failure is one line on stderr, "leaseguard COMMAND: error: what failed: what to do",
@@ -57,6 +58,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from leaseguard.cli import (
+        create_table_cmd,
         dead_letters_cmd,
         inspect_cmd,
         invoke_cmd,
@@ -78,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         redrive_cmd,
         sweep_cmd,
         invoke_cmd,
+        create_table_cmd,
     ):
         module.register(commands)
     for sub in commands.choices.values():

@@ -228,8 +228,8 @@ def explain(exc: BaseException, config: ProviderConfig | None, command: str) -> 
             fix = (
                 "check --table, or pass --create-table to create it"
                 if command == "simulate"
-                else f"check --table or LEASEGUARD_TABLE_NAME ({command} never creates tables; "
-                "docs/dynamodb.md has the schema)"
+                else f"check --table or LEASEGUARD_TABLE_NAME ({command} never creates tables: "
+                "leaseguard create-table does; docs/dynamodb.md has the schema)"
             )
             return f"{TableNotFound.missing(table, where)}: {fix}", 2
         if any(_aws_code(e) in _AWS_AUTH_CODES for e in chain):

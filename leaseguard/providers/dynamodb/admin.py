@@ -16,11 +16,12 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
 
 
-def create_table(table: Table, *, wait: bool = True) -> None:
+def create_table(table: Table, *, wait: bool = True) -> bool:
     """Create the table (on-demand billing, the ``orphans`` and ``dead_letters`` GSIs) and
     enable TTL on ``ttl``. Idempotent: an existing table is checked for the indexes and left
-    as it is."""
+    as it is. Whether this call created it."""
     client = table.client
+    created = True
     try:
         client.create_table(
             TableName=table.name,
@@ -55,6 +56,7 @@ def create_table(table: Table, *, wait: bool = True) -> None:
     except table.client_error as exc:
         if error_code(exc) != "ResourceInUseException":
             raise LeaseBackendError(f"cannot create table {table.name!r}: {exc}") from exc
+        created = False
     except table.botocore_error as exc:
         raise LeaseBackendError(f"cannot create table {table.name!r}: {exc}") from exc
     try:
@@ -79,6 +81,7 @@ def create_table(table: Table, *, wait: bool = True) -> None:
             )
     except (table.client_error, table.botocore_error) as exc:
         raise LeaseBackendError(f"cannot set up table {table.name!r}: {exc}") from exc
+    return created
 
 
 def build_client(

@@ -97,11 +97,16 @@ class DynamoDBLeaseProvider(BaseLeaseProvider):
     def _payload_ceiling(cls) -> int:
         return DYNAMODB_MAX_PAYLOAD_BYTES
 
-    def create_table(self, *, wait: bool = True) -> None:
+    def create_table(self, *, wait: bool = True) -> bool:
         """Create the table (on-demand billing, the ``orphans`` and ``dead_letters`` GSIs) and
         enable TTL on ``ttl``. Idempotent: an existing table is checked for the indexes and
-        left as it is."""
-        admin.create_table(self._table, wait=wait)
+        left as it is.
+
+        Returns
+        -------
+        bool
+            Whether this call created the table (False: it existed already)."""
+        return admin.create_table(self._table, wait=wait)
 
     # -- the contract ---------------------------------------------------------------------------
 
