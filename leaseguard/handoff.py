@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from leaseguard import aws
 from leaseguard.errors import InvalidLeaseArgument, LeaseBackendError
@@ -99,6 +99,19 @@ class Dispatcher(Protocol):
     def dispatch(self, envelope: Envelope) -> None: ...
 
 
+@runtime_checkable
+class DelayedDispatcher(Protocol):
+    """A dispatcher that can also send an envelope to arrive after a delay (a retry's wait,
+    :mod:`leaseguard.guard.retries`), when ``can_delay`` says so."""
+
+    @property
+    def can_delay(self) -> bool: ...
+
+    def dispatch(self, envelope: Envelope) -> None: ...
+
+    def dispatch_later(self, envelope: Envelope, delay_ms: int) -> None: ...
+
+
 class InvokeDispatcher:
     """Async ``Invoke`` (``InvocationType="Event"``) of a Lambda function, normally the
     current one (``context.invoked_function_arn``)."""
@@ -126,10 +139,27 @@ class SqsDispatcher:
         self.queue_url = queue_url
         self.client = client if client is not None else aws.default_client("sqs")
 
+    @property
+    def can_delay(self) -> bool:
+        """A standard queue delays each message; a FIFO queue only as a whole (its setting)."""
+        return not self.queue_url.endswith(".fifo")
+
     def dispatch(self, envelope: Envelope) -> None:
+        self._send(envelope, {})
+
+    def dispatch_later(self, envelope: Envelope, delay_ms: int) -> None:
+        """Send ``envelope`` to arrive after ``delay_ms`` (rounded up to whole seconds, at most
+        the 900 SQS allows); on a FIFO queue it is sent at once."""
+        if not self.can_delay:
+            self.dispatch(envelope)
+            return
+        self._send(envelope, {"DelaySeconds": min(900, -(-delay_ms // 1000))})
+
+    def _send(self, envelope: Envelope, extra: dict[str, Any]) -> None:
         params: dict[str, Any] = {
             "QueueUrl": self.queue_url,
             "MessageBody": json.dumps(envelope.to_event()),
+            **extra,
         }
         if self.queue_url.endswith(".fifo"):
             # Group ids allow 128 characters and keys 1 KiB; a digest keeps both unique per key.

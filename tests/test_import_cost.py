@@ -80,6 +80,7 @@ GUARD_CHAIN = frozenset(
         "leaseguard.guard.options",
         "leaseguard.guard.policy",
         "leaseguard.guard.responses",
+        "leaseguard.guard.retries",
         "leaseguard.handoff",
         "leaseguard.lazy",
         "leaseguard.observability",

@@ -44,6 +44,8 @@ def lease_owned(
     on_poison: OnPoison = "skip",
     dead_letter_queue_url: str | None = None,
     drain_batch: int | None = None,
+    retry_delay_ms: int | None = None,
+    retry_max_delay_ms: int | None = None,
 ) -> Callable[[F], F]:
     """Guard a Lambda handler (or a Powertools batch record handler) with a lease on
     ``key_fn(event)``.
@@ -68,6 +70,13 @@ def lease_owned(
     a dead letter; ``"halt"`` keeps strict order: nothing queued behind it runs until it is
     redriven. The invocation's own event re-raises instead, so Lambda's (or SQS's) retry
     applies.
+
+    ``retry_delay_ms`` (default ``LEASEGUARD_RETRY_DELAY_MS`` or 0: at once) is how long a
+    failed signal waits before its next run, doubled after each further failure up to
+    ``retry_max_delay_ms`` (default 300,000; at most 900,000), with jitter. No invocation waits
+    for it: the signal's envelope goes by SQS with that delay when ``queue_url`` is set, else
+    the grant that holds the key for it runs out after the delay and the key's next event or
+    the sweeper runs it (:mod:`leaseguard.guard.retries`). Events behind it wait their turn.
 
     ``max_queue`` (default: the provider's, ``LEASEGUARD_MAX_QUEUE`` or 1,000) bounds each
     key's queue: a forward into a full one raises :class:`~leaseguard.errors.QueueFull`
@@ -95,6 +104,8 @@ def lease_owned(
             max_attempts=max_attempts,
             max_queue=max_queue,
             drain_batch=drain_batch,
+            retry_delay_ms=retry_delay_ms,
+            retry_max_delay_ms=retry_max_delay_ms,
             on_poison=on_poison,
             dead_letter_queue_url=dead_letter_queue_url,
             on_lost=on_lost,

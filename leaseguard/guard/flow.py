@@ -19,7 +19,7 @@ from leaseguard.handoff import Envelope, InvalidEnvelope, parse_envelope
 from leaseguard.renewal import LeaseHandle, LeaseRenewer
 from leaseguard.types import QueueProvider, Signal, now_ms
 
-from . import responses
+from . import responses, retries
 from .call import Call
 from .drain import Drained, drain
 from .failures import UnfinishedRuns, describe
@@ -222,13 +222,15 @@ class Invocation:
             if error is None and unseen and not self._partial_reports():
                 error = LeaseBackendError("take_signals failed during the run")
             dead: list[Signal] = []
+            failed: list[Signal] = []  # reported failed: dead-lettered, or back at the head
             if error is not None:
                 # The own event is the platform's to retry, unless this failure is its last
                 # (its earlier failed deliveries count too): then it is dead-lettered here.
                 last = current.attempts + 1 >= options.max_attempts
                 owned = [] if platform_retries and not last else [current]
                 reported = not handle.settle()
-                for signal in owned + handle.taken:
+                failed = owned + handle.taken
+                for signal in failed:
                     if self.guard.failures.signal_failed(key, signal, error, reported=reported):
                         dead.append(signal)
                 if platform_retries and outcome.error is None:
@@ -243,7 +245,7 @@ class Invocation:
                 longest_ms, remote = drained.longest_ms, drained.remote
                 if drained.primary is not None:
                     primary_outcome = drained.primary
-                error, dead = drained.error, drained.dead
+                error, dead, failed = drained.error, drained.dead, drained.failed
             if handle.settle():
                 telemetry.count("LeaseLost")
                 telemetry.log(
@@ -266,10 +268,16 @@ class Invocation:
                 }
                 if options.on_poison != "skip":
                     report["on_poison"] = options.on_poison
+            # A failed signal that goes back to the head is granted the key again by this
+            # hand-off: with a retry delay, unclaimed, for as long as it waits (.retries).
+            retry = retries.plan(self, key, error, failed, dead)
+            ttl, claim = options.ttl_ms, not remote
+            if retry is not None:
+                ttl, claim = retry.ttl_ms, False
             sent_at = self.clock()
             try:
                 nxt = provider.transfer_to_next(
-                    key, current.id, options.ttl_ms, claim=not remote, token=handle.token, **report
+                    key, current.id, ttl, claim=claim, token=handle.token, **report
                 )
             except LeaseLostError as lost:
                 self._lost_before_handoff(handle, lost, provider)
@@ -279,9 +287,21 @@ class Invocation:
             if nxt is None:
                 break
             telemetry.count("LeaseHandedOff")
-            if remote:
-                self._dispatch(Envelope(key, nxt.id, nxt.token or 0, nxt.payload))
+            envelope = Envelope(key, nxt.id, nxt.token or 0, nxt.payload)
+            if retry is not None and nxt.id == retry.signal_id:
+                retries.wait(self.telemetry, envelope, retry)
                 break
+            if remote:
+                self._dispatch(envelope)
+                break
+            if retry is not None:
+                # The head was not the failed signal (another went back before it), so it
+                # runs now; its grant was made unclaimed for the wait: claim it to run inline.
+                sent_at = self.clock()
+                claimed = provider.claim_signal(key, nxt.id, nxt.token or 0, options.ttl_ms)
+                if claimed is None:
+                    break  # it ran out meanwhile: the key's next event or the sweeper runs it
+                nxt = claimed
             current, handed = nxt, True
         return primary_outcome
 

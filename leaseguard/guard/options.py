@@ -13,6 +13,8 @@ from leaseguard.protocol.model import DEFAULT_MAX_ATTEMPTS
 from leaseguard.providers.base import MAX_QUEUE_LIMIT, ON_POISON, OnPoison
 from leaseguard.validation import check_positive_int, check_ttl
 
+from .retries import DEFAULT_RETRY_MAX_DELAY_MS, MAX_RETRY_DELAY_MS
+
 if TYPE_CHECKING:
     from leaseguard.renewal import LeaseHandle
     from leaseguard.types import Signal
@@ -34,6 +36,8 @@ class GuardOptions:
     handoff_margin_ms: int = DEFAULT_HANDOFF_MARGIN_MS
     queue_url: str | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    retry_delay_ms: int = 0  # 0: a failed signal runs again at once (see .retries)
+    retry_max_delay_ms: int = DEFAULT_RETRY_MAX_DELAY_MS
     max_queue: int | None = None  # None: the provider's own bound
     drain_batch: int = DEFAULT_DRAIN_BATCH  # 0: every signal gets a grant of its own
     on_poison: OnPoison = "skip"
@@ -57,6 +61,8 @@ class GuardOptions:
         max_attempts: int | None,
         max_queue: int | None,
         drain_batch: int | None = None,
+        retry_delay_ms: int | None = None,
+        retry_max_delay_ms: int | None = None,
         on_poison: str,
         dead_letter_queue_url: str | None,
         on_lost: Callable[[LeaseHandle], None] | None,
@@ -66,8 +72,9 @@ class GuardOptions:
         sqs_client: Any,
     ) -> GuardOptions:
         """The options of handler ``name``, or a :class:`ConfigurationError` naming it; unset
-        values come from ``LEASEGUARD_TTL_MS``, ``LEASEGUARD_MAX_ATTEMPTS`` and
-        ``LEASEGUARD_DRAIN_BATCH``."""
+        values come from ``LEASEGUARD_TTL_MS``, ``LEASEGUARD_MAX_ATTEMPTS``,
+        ``LEASEGUARD_DRAIN_BATCH``, ``LEASEGUARD_RETRY_DELAY_MS`` and
+        ``LEASEGUARD_RETRY_MAX_DELAY_MS``."""
         try:
             ttl = check_ttl(
                 ttl_ms if ttl_ms is not None else env_int("LEASEGUARD_TTL_MS", DEFAULT_TTL_MS)
@@ -85,6 +92,15 @@ class GuardOptions:
                 drain_batch = env_int("LEASEGUARD_DRAIN_BATCH", DEFAULT_DRAIN_BATCH)
             if drain_batch != 0:
                 check_positive_int("drain_batch", drain_batch, MAX_DRAIN_BATCH)
+            if retry_delay_ms is None:
+                retry_delay_ms = env_int("LEASEGUARD_RETRY_DELAY_MS", 0)
+            if retry_delay_ms != 0:
+                check_positive_int("retry_delay_ms", retry_delay_ms, MAX_RETRY_DELAY_MS)
+            if retry_max_delay_ms is None:
+                retry_max_delay_ms = env_int(
+                    "LEASEGUARD_RETRY_MAX_DELAY_MS", DEFAULT_RETRY_MAX_DELAY_MS
+                )
+            check_positive_int("retry_max_delay_ms", retry_max_delay_ms, MAX_RETRY_DELAY_MS)
         except InvalidLeaseArgument as exc:
             raise ConfigurationError(f"@lease_owned on {name}: {exc}") from exc
         if handoff not in HANDOFF_MODES:
@@ -100,6 +116,8 @@ class GuardOptions:
             handoff_margin_ms=handoff_margin_ms,
             queue_url=queue_url,
             max_attempts=attempts,
+            retry_delay_ms=retry_delay_ms,
+            retry_max_delay_ms=retry_max_delay_ms,
             max_queue=max_queue,
             drain_batch=drain_batch,
             on_poison=cast(OnPoison, on_poison),

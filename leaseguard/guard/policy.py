@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from leaseguard.handoff import Dispatcher, InvokeDispatcher, SqsDispatcher
+from leaseguard.handoff import DelayedDispatcher, Dispatcher, InvokeDispatcher, SqsDispatcher
 
 from .options import GuardOptions
 
@@ -48,6 +48,17 @@ class HandoffPolicy:
         if remaining is not None and remaining - self.margin_ms <= longest_ms:
             return "remote"
         return "inline"
+
+    def delayed_dispatcher(self, context: Any) -> DelayedDispatcher | None:
+        """The dispatcher that sends an envelope to arrive after a delay (SQS, a standard
+        queue), if this mode hands off by one; else ``None``: a retry waits for its grant to
+        run out instead (:mod:`leaseguard.guard.retries`)."""
+        if self.mode == "inline" or not self.can_dispatch(context):
+            return None
+        dispatcher = self.dispatcher(context)
+        if isinstance(dispatcher, DelayedDispatcher) and dispatcher.can_delay:
+            return dispatcher
+        return None
 
     def dispatcher(self, context: Any) -> Dispatcher:
         if self.queue_url and self.mode in ("auto", "sqs"):

@@ -37,13 +37,17 @@ class Bounds:
     # Redis failovers that lose a key's last write (its reply not yet delivered, as with
     # replicas=N; the model's failover_keeps_acknowledged says which), each one fault
     failovers: bool = False
+    # the guard's retry_delay_ms, in ticks (0: a failed signal runs again at once): its retry
+    # waits on an unclaimed grant that runs out (the explorer's dispatcher sends nothing late)
+    retry_delay: int = 0
 
 
 PRESETS = {
-    # make test: every fault kind, one at a time, over two events (about a minute)
-    "small": Bounds(events=2, faults=1, expiries=1, renews=0),
+    # make test: every fault kind, one at a time, over two events (about a minute), with the
+    # guard's retry delay (a failed forwarded signal's retry waits on its grant running out)
+    "small": Bounds(events=2, faults=1, expiries=1, renews=0, retry_delay=1),
     # make model-check: the same with renewals (a few minutes)
-    "default": Bounds(events=2, faults=1, expiries=1),
+    "default": Bounds(events=2, faults=1, expiries=1, retry_delay=1),
     # by hand: three events and two faults (hours)
     "deep": Bounds(events=3, faults=2, expiries=1),
     # make test and make model-check: a bounded queue, a poison signal halting its key, and an

@@ -57,6 +57,7 @@ class Client(Invariants):
             max_attempts=b.max_attempts,
             max_queue=b.max_queue,
             drain_batch=b.drain_batch,
+            retry_delay_ms=b.retry_delay * TICK_MS,
             on_poison="halt" if b.halt else "skip",
             signal_id_fn=lambda event, context: str(event["id"]),
         )

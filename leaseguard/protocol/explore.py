@@ -262,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", type=int, help="injected faults (overrides the bound)")
     parser.add_argument("--expiries", type=int, help="leases that may run out (overrides)")
     parser.add_argument("--keys", type=int, help="keys (overrides the bound)")
+    parser.add_argument(
+        "--retry-delay", type=int, help="the guard's retry_delay_ms in ticks (overrides)"
+    )
     parser.add_argument("--no-mutants", action="store_true", help="skip the mutant check")
     parser.add_argument("--min-states", type=int, default=0, help="fail below this many states")
     args = parser.parse_args(argv)
@@ -273,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             ("faults", args.faults),
             ("expiries", args.expiries),
             ("keys", args.keys),
+            ("retry_delay", args.retry_delay),
         )
         if value is not None
     }

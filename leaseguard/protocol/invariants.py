@@ -10,7 +10,8 @@
     call that was applied is answered as applied; (i) on a halted key, nothing queued after its
     dead letter starts; (j) no forward is queued past ``max_queue``; (n) no key holds more
     than ``dead_limit`` dead letters, and a failure past that bound keeps its signal queued on
-    the halted key.
+    the halted key; (o) with a retry delay, a signal sent back to the queue by a failed run
+    starts again only after the delay's low end.
 
 Most are checked where the step that could break them happens (a run starting, a grant, a
 reply delivered); (a) and (g) on every state; (c) on quiescent states only.
@@ -46,6 +47,12 @@ class Invariants(ExplorerBase):
         runs = self.bump(book.runs, (sid,))
         if runs[i] > 1 + book.excuses[i] and w.violation is None:
             w.violation = f"(d) {sid} runs a second time with no crash, give-up, error or expiry"
+        if book.waits and book.waits[i] > w.now and w.violation is None:
+            w.violation = (
+                f"(o) {sid} runs again {book.waits[i] - w.now} ms before its retry delay is over"
+            )
+        if book.waits and book.waits[i]:
+            w.book = book = book._replace(waits=(*book.waits[:i], 0, *book.waits[i + 1 :]))
         repeat = sid in book.reported and sid not in book.evicted
         if repeat and w.violation is None:
             w.violation = f"(d) {sid} runs again after its runner reported it succeeded"
@@ -108,13 +115,25 @@ class Invariants(ExplorerBase):
             i = event_index(sid)
             counts[i] = min(counts[i] + n, cap)
 
+        failed_back: list[str] = []  # sent back to the queue by a failed run's report: (o)
         for sid, stored in rec.stored.items():
             if sid in attempts and stored.attempts > attempts[sid]:
                 add(charges, sid, stored.attempts - attempts[sid])
                 if expired and sid in ambiguous:
                     add(starts, sid, 1)
+                if not expired:
+                    failed_back.append(sid)
             elif sid in dead_before:  # redriven: a fresh count
                 starts[event_index(sid)] = charges[event_index(sid)] = 0
+        waits = list(w.book.waits)
+        if failed_back and self.b.retry_delay:
+            # The guard delays the report's first signal (the head it is handed to: G6 puts
+            # them back in in-flight order); the others run behind it, so no later.
+            head = rec.owner if rec.owner in failed_back else None
+            head = head or next((q for q in rec.queue if q in failed_back), failed_back[0])
+            until = w.now + self.least_retry_delay(rec.stored[head].attempts)
+            for sid in failed_back:
+                waits[event_index(sid)] = until
         for dead in rec.dead:
             before = attempts.get(dead.id)
             # at max_attempts already, the guard dead-letters it unrun: no run is charged
@@ -128,7 +147,17 @@ class Invariants(ExplorerBase):
             add(starts, rec.owner, 1)  # type: ignore[arg-type]
         if ambiguous:
             ambiguous = tuple(sid for sid in ambiguous if sid in rec.in_flight)
-        w.book = w.book._replace(starts=tuple(starts), charges=tuple(charges), ambiguous=ambiguous)
+        w.book = w.book._replace(
+            starts=tuple(starts), charges=tuple(charges), ambiguous=ambiguous, waits=tuple(waits)
+        )
+
+    def least_retry_delay(self, attempts: int) -> int:
+        """(o): the shortest wait the guard's ``retry_delay_ms`` allows before run
+        ``attempts + 1``: half the doubled delay (the jitter's low end), capped."""
+        from leaseguard.guard.retries import DEFAULT_RETRY_MAX_DELAY_MS
+
+        nominal = (self.b.retry_delay * TICK_MS) << max(attempts - 1, 0)
+        return min(DEFAULT_RETRY_MAX_DELAY_MS, nominal) // 2
 
     @staticmethod
     def reported(w: World, succeeded: tuple[str, ...]) -> None:

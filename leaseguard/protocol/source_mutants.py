@@ -59,6 +59,7 @@ def source_mutation(module: Any, old: str, new: str) -> Iterator[None]:
 FLOW = "leaseguard.guard.flow"
 DRAIN = "leaseguard.guard.drain"
 RESPONSES = "leaseguard.guard.responses"
+RETRIES = "leaseguard.guard.retries"
 
 # name, the family of bounds that can see it, the edit
 GUARD_MUTANTS: tuple[tuple[str, str, SourceChange], ...] = (
@@ -121,6 +122,24 @@ GUARD_MUTANTS: tuple[tuple[str, str, SourceChange], ...] = (
         "guard-batch-item-runs-as-its-owner",
         "drain",
         SourceChange(DRAIN, "ItemLease(handle, signal))", "handle)"),
+    ),
+    (
+        "guard-retry-runs-at-once",
+        "core",
+        SourceChange(
+            FLOW,
+            "            if retry is not None and nxt.id == retry.signal_id:\n",
+            "            if False:\n",
+        ),
+    ),
+    (
+        "guard-retry-delay-unjittered-low",
+        "core",
+        SourceChange(
+            RETRIES,
+            "    return max(1, int(ceiling * (0.5 + spread / 2)))\n",
+            "    return max(1, int(ceiling * spread / 4))\n",
+        ),
     ),
     (
         "guard-full-forward-dropped",

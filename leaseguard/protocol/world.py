@@ -94,6 +94,9 @@ class Book(NamedTuple):
     # ids whose success a later step of their runner reported (a take's completed=, a
     # hand-off): they never run again (d)
     reported: tuple[str, ...] = ()
+    # per event, for (o): the earliest time its next run may start, after a failed run sent it
+    # back to the queue under a retry delay (0: no wait)
+    waits: tuple[int, ...] = ()
 
 
 @dataclass
@@ -140,6 +143,7 @@ class World:
             b.charges,
             b.ambiguous,
             b.reported,
+            tuple(max(0, t - now) for t in b.waits),
         )
         undo = tuple(
             None
@@ -325,6 +329,7 @@ class ExplorerBase:
             pending=(),
             starts=(0,) * n,
             charges=(0,) * n,
+            waits=(0,) * n,
         )
         undo = (None,) * len(self.keys) if self.b.failovers else ()
         return World(0, [KeyRecord() for _ in self.keys], (), book, undo=undo)
