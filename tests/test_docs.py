@@ -239,7 +239,9 @@ def test_link_checker_catches_what_it_should(tmp_path: Path) -> None:
     assert "cost" in anchors(ROOT / "docs" / "dynamodb.md")
     assert broken_link(README, "docs/nope.md") == "docs/nope.md does not exist"
     assert broken_link(README, "docs/dynamodb.md#no-such-heading") is not None
-    assert broken_link(README, "#the-contract") is None
+    assert broken_link(README, "#install") is None
+    assert broken_link(README, "docs/design.md#the-contract") is None
+    assert broken_link(README, "#the-contract") is not None  # moved to docs/design.md
     assert broken_link(README, "https://example.com/x") is None
     sample = tmp_path / "sample.md"
     sample.write_text(
