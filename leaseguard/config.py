@@ -24,7 +24,10 @@ simulator.
 ``LEASEGUARD_MAX_PAYLOAD_BYTES``   signal payload limit (default 6291456, Lambda's own)
 ``LEASEGUARD_MAX_QUEUE``           signals a key may queue before forwards get ``QueueFull``
                                    (default 1000)
-``LEASEGUARD_MAX_ATTEMPTS``        failed runs before a signal is dead-lettered (default 3)
+``LEASEGUARD_MAX_ATTEMPTS``        failed runs before a signal is dead-lettered (default 3; read
+                                   by ``@lease_owned``, as ``LEASEGUARD_DRAIN_BATCH`` is)
+``LEASEGUARD_DEAD_LIMIT``          dead letters a key keeps before a failure halts it (default
+                                   and most 100)
 =================================  ==============================================================
 """
 

@@ -4,8 +4,11 @@
   are appended to the Powertools ``Logger`` (yours if you pass ``logger=``, else the one for
   ``POWERTOOLS_SERVICE_NAME``), so every line the handler logs carries them. Without Powertools
   leaseguard logs to the standard ``logging`` logger ``"leaseguard"``.
-* **Metrics** (Count / Milliseconds): ``LeaseAcquired``, ``LeaseForwarded``, ``LeaseHandedOff``,
-  ``LeaseLost``, ``SignalFailed``, ``LeaseWaitMs``, ``LeaseHoldMs``. They go to the ``Metrics``
+* **Metrics** (Count; ``LeaseWaitMs`` and ``LeaseHoldMs`` in Milliseconds): ``LeaseAcquired``,
+  ``LeaseForwarded``, ``LeaseHandedOff``, ``LeaseLost``, ``DuplicateDelivery``, ``QueueDepth``,
+  ``QueueFull``, ``SignalFailed``, ``SignalDeadLettered``, ``SignalKeptHalted``,
+  ``DeadLetterSendFailed``, ``HandoffDispatched``, ``HandoffFailed``, ``HandoffRejected``,
+  ``LeaseWaitMs``, ``LeaseHoldMs`` (the list README.md gives). They go to the ``Metrics``
   you pass, or, when ``POWERTOOLS_METRICS_NAMESPACE`` is set, to an ``EphemeralMetrics`` that
   leaseguard flushes at the end of each invocation (so it never mixes with your own metric set).
 * **Traces**: with ``tracer=``, the lease key and token become X-Ray annotations.

@@ -53,6 +53,7 @@ from moto import mock_aws
 
 from leaseguard import current_lease, lease_owned
 from leaseguard.config import provider_from_env
+from leaseguard.protocol.state import DEAD_LIMIT, DEFAULT_MAX_QUEUE, DONE_LIMIT
 from leaseguard.providers.memory import InMemoryLeaseProvider
 from leaseguard.testing import LambdaContext
 
@@ -239,7 +240,9 @@ def test_link_checker_catches_what_it_should(tmp_path: Path) -> None:
     assert "cost" in anchors(ROOT / "docs" / "dynamodb.md")
     assert broken_link(README, "docs/nope.md") == "docs/nope.md does not exist"
     assert broken_link(README, "docs/dynamodb.md#no-such-heading") is not None
-    assert broken_link(README, "#the-contract") is None
+    assert broken_link(README, "#install") is None
+    assert broken_link(README, "docs/design.md#the-contract") is None
+    assert broken_link(README, "#the-contract") is not None  # moved to docs/design.md
     assert broken_link(README, "https://example.com/x") is None
     sample = tmp_path / "sample.md"
     sample.write_text(
@@ -249,6 +252,47 @@ def test_link_checker_catches_what_it_should(tmp_path: Path) -> None:
     assert sorted(links(sample)) == [(3, "a.md"), (9, "img/d.png"), (10, "e.md"), (11, "f.png")]
     (block,) = python_blocks(sample)
     assert (block.line, block.code) == (6, "x = '[c](c.md)'\n")
+
+
+# --- numbers that appear in more than one document ------------------------------------------
+
+# (what, a pattern whose group is the number, the value the code has). The patterns allow a line
+# break wherever the text has a space, since the docs wrap their lines.
+SHARED_NUMBERS = [
+    ("max_queue's default", r"`max_queue`[^.|]{0,40}?default\s(\d[\d,]*)", DEFAULT_MAX_QUEUE),
+    ("DEAD_LIMIT", r"`DEAD_LIMIT`\s\((\d[\d,]*)\)", DEAD_LIMIT),
+    ("DONE_LIMIT", r"`DONE_LIMIT`(?:\s\(|,\s)(\d[\d,]*)", DONE_LIMIT),
+    # tests/test_dynamodb_requests.py::test_an_uncontended_guarded_invocation_is_two_requests
+    ("requests per guarded invocation", r"guarded\sinvocation[^.|]{0,30}?\s(\d+)\srequests", 2),
+]
+
+
+def test_numbers_shared_by_documents_agree_with_the_code() -> None:
+    problems = []
+    for what, pattern, value in SHARED_NUMBERS:
+        seen = 0
+        for path in DOC_FILES:
+            for match in re.finditer(pattern, path.read_text(encoding="utf-8")):
+                seen += 1
+                if int(match.group(1).replace(",", "")) != value:
+                    problems.append(
+                        f"{rel(path)}: {what} is {match.group(1)}, the code has {value}"
+                    )
+        assert seen >= 2, f"{what}: the pattern no longer finds the number in two documents"
+    assert not problems, "\n".join(problems)
+
+
+def test_prices_are_worked_out_in_one_place() -> None:
+    """Dollar figures per million requests are computed once, in docs/dynamodb.md's *What an
+    invocation costs*; every other document links there instead of repeating them."""
+    elsewhere = [
+        rel(path)
+        for path in DOC_FILES
+        if path.name != "dynamodb.md"
+        and re.search(r"\$\d[\d.]*\s(?:per|a)\smillion", path.read_text())
+    ]
+    assert not elsewhere, f"prices outside docs/dynamodb.md: {elsewhere}"
+    assert "what-an-invocation-costs" in anchors(ROOT / "docs" / "dynamodb.md")
 
 
 # --- examples ---------------------------------------------------------------------------------

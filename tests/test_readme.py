@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,35 @@ def test_every_python_example_is_covered() -> None:
     assert len(BLOCKS) == len(markers)
     for marker in markers:
         block(marker)
+
+
+USER_OUTLINE = [
+    "Install",
+    "Quick start",
+    "Using it with event sources",
+    "What it promises",
+    "Settings",
+    "Backends",
+    "Command line",
+    "Testing a guarded handler",
+    "Deploy with AWS SAM",
+    "Working on leaseguard",
+    "Performance",
+    "Further reading",
+]
+
+
+def test_the_readme_is_a_users_page() -> None:
+    """What it does, how to use it and what it promises, in that order; measurements and their
+    history live in docs/benchmarks.md (with their commands and dates), not here."""
+    text = README.read_text(encoding="utf-8")
+    headings = re.findall(r"^## (.+)$", text, re.M)
+    assert headings == USER_OUTLINE
+    dated = re.search(r"\b20\d\d-\d\d-\d\d\b", text)
+    assert not dated, f"{dated and dated.group()}: a dated figure belongs in docs/benchmarks.md"
+    for target in ("docs/safety.md", "docs/protocol.md", "docs/benchmarks.md", "docs/testing.md"):
+        assert f"]({target}" in text, target
+    assert "make test" in text and "make demo" in text
 
 
 @pytest.fixture(autouse=True)
