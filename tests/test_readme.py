@@ -39,6 +39,7 @@ def test_every_python_example_is_covered() -> None:
         "process_partial_response",
         "ConditionExpression",
         "RedisLeaseProvider.from_url",
+        "sweeper_handler()",
     ]
     assert len(BLOCKS) == len(markers)
     for marker in markers:
@@ -190,3 +191,21 @@ def test_contract_example(redis_url: str) -> None:
     code = example.code.replace("redis://localhost:6379/0", redis_url)
     namespace = run(dataclasses.replace(example, code=code))
     assert namespace["provider"].get_lease_owner("order:17") is None  # released at the end
+
+
+def test_sweeper_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's sweeper: built at init from the environment, one pass per invocation."""
+    from leaseguard.handoff import InvokeDispatcher
+
+    for name, value in {
+        "LEASEGUARD_BACKEND": "memory",
+        "LEASEGUARD_WORKER_FUNCTION": "thread-worker",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+    }.items():
+        monkeypatch.setenv(name, value)
+    namespace = run(block("sweeper_handler()"))
+    assert namespace["handler"]({}, None) == {"dispatched": 0, "keys": []}
+    closure = namespace["handler"].__closure__ or ()
+    assert any(isinstance(cell.cell_contents, InvokeDispatcher) for cell in closure)
