@@ -12,11 +12,8 @@ The public surface is what this module exports; see README.md for a guide and
 # itself stays out.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .contract import resolve_provider
     from .errors import (
         ConfigurationError,
-        HandlerKeyError,
-        InvalidLeaseArgument,
         LeaseBackendError,
         LeaseguardError,
         LeaseLostError,
@@ -24,80 +21,63 @@ if TYPE_CHECKING:
         QueueFull,
     )
     from .guard import lease_owned
-    from .providers import (
-        DynamoDBLeaseProvider,
-        InMemoryLeaseProvider,
-        NoopLeaseProvider,
-        RedisLeaseProvider,
-    )
+    from .providers import DynamoDBLeaseProvider, InMemoryLeaseProvider, RedisLeaseProvider
     from .renewal import LeaseHandle, NoActiveLease, current_lease
-    from .types import (
-        DeadLetter,
-        KeyState,
-        LeaseProvider,
-        LeaseResult,
-        Signal,
-        SignalQueue,
-        is_lease_provider,
-        is_signal_queue,
-    )
+    from .types import Signal
 
 __version__ = "0.1.0"
 
+# What a handler author uses. The names for backend authors and operators live in their own
+# modules (leaseguard.types, leaseguard.errors, leaseguard.contract, leaseguard.providers,
+# leaseguard.handoff, leaseguard.sweeper); the ones this package exported before still resolve
+# here, with a DeprecationWarning naming their module (_MOVED).
 __all__ = [
     "ConfigurationError",
-    "DeadLetter",
     "DynamoDBLeaseProvider",
-    "HandlerKeyError",
     "InMemoryLeaseProvider",
-    "InvalidLeaseArgument",
-    "KeyState",
     "LeaseBackendError",
     "LeaseHandle",
     "LeaseLostError",
-    "LeaseProvider",
-    "LeaseResult",
     "LeaseguardError",
     "NoActiveLease",
-    "NoopLeaseProvider",
     "PayloadTooLarge",
     "QueueFull",
     "RedisLeaseProvider",
     "Signal",
-    "SignalQueue",
     "current_lease",
-    "is_lease_provider",
-    "is_signal_queue",
     "lease_owned",
-    "resolve_provider",
 ]
 
 # Public name -> the submodule that defines it.
 _EXPORTS = {
     "ConfigurationError": "errors",
-    "DeadLetter": "types",
     "DynamoDBLeaseProvider": "providers.dynamodb",
-    "HandlerKeyError": "errors",
     "InMemoryLeaseProvider": "providers.memory",
-    "InvalidLeaseArgument": "errors",
-    "KeyState": "types",
     "LeaseBackendError": "errors",
     "LeaseHandle": "renewal",
     "LeaseLostError": "errors",
-    "LeaseProvider": "types",
-    "LeaseResult": "types",
     "LeaseguardError": "errors",
     "NoActiveLease": "renewal",
-    "NoopLeaseProvider": "providers.noop",
     "PayloadTooLarge": "errors",
     "QueueFull": "errors",
     "RedisLeaseProvider": "providers.redis",
     "Signal": "types",
-    "SignalQueue": "types",
     "current_lease": "renewal",
+    "lease_owned": "guard",
+}
+
+# Exported here before 0.2, now from their own modules only.
+_MOVED = {
+    "DeadLetter": "types",
+    "HandlerKeyError": "errors",
+    "InvalidLeaseArgument": "errors",
+    "KeyState": "types",
+    "LeaseProvider": "types",
+    "LeaseResult": "types",
+    "NoopLeaseProvider": "providers",
+    "SignalQueue": "types",
     "is_lease_provider": "types",
     "is_signal_queue": "types",
-    "lease_owned": "guard",
     "resolve_provider": "contract",
 }
 
@@ -107,7 +87,7 @@ _EXPORTS = {
 if not TYPE_CHECKING:
     from .lazy import module_getattr
 
-    __getattr__ = module_getattr(__name__, _EXPORTS, globals())
+    __getattr__ = module_getattr(__name__, _EXPORTS, globals(), moved=_MOVED)
     del module_getattr
 
 

@@ -11,13 +11,30 @@ if TYPE_CHECKING:
 
 
 def module_getattr(
-    package: str, exports: "dict[str, str]", namespace: "dict[str, object]"
+    package: str,
+    exports: "dict[str, str]",
+    namespace: "dict[str, object]",
+    moved: "dict[str, str] | None" = None,
 ) -> "Callable[[str], object]":
     """A module ``__getattr__`` for ``package``: each name in ``exports`` loads its module
-    (relative to ``package``) on first use, then stays in ``namespace`` as a plain attribute."""
+    (relative to ``package``) on first use, then stays in ``namespace`` as a plain attribute.
+    A name in ``moved`` (deprecated here) still resolves from its module, with a
+    ``DeprecationWarning`` naming that module at each use."""
 
     def __getattr__(name: str) -> object:
         module = exports.get(name)
+        if module is None and moved is not None and name in moved:
+            import warnings
+
+            home = f"{package}.{moved[name]}"
+            warnings.warn(
+                f"{package}.{name} is deprecated: import it from {home}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            from importlib import import_module
+
+            return getattr(import_module(home), name)  # not cached: every use warns
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         from importlib import import_module

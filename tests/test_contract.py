@@ -16,15 +16,12 @@ from typing import Any, TypeVar
 
 import pytest
 
-from leaseguard import (
-    InvalidLeaseArgument,
-    LeaseResult,
-    NoopLeaseProvider,
-    is_lease_provider,
-    resolve_provider,
-)
+from leaseguard.contract import resolve_provider
+from leaseguard.errors import InvalidLeaseArgument
+from leaseguard.providers import NoopLeaseProvider
 from leaseguard.providers.base import BaseLeaseProvider
 from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
+from leaseguard.types import LeaseResult, is_lease_provider
 
 KEY = "thread:{42}\n ü"
 TTL = 5_000

@@ -30,7 +30,6 @@ from moto import mock_aws
 from leaseguard import (
     ConfigurationError,
     InMemoryLeaseProvider,
-    InvalidLeaseArgument,
     PayloadTooLarge,
     QueueFull,
     Signal,
@@ -38,6 +37,7 @@ from leaseguard import (
     lease_owned,
 )
 from leaseguard.config import ProviderConfig, provider_from_env
+from leaseguard.errors import InvalidLeaseArgument
 from leaseguard.handoff import Envelope
 from leaseguard.providers.base import BaseLeaseProvider
 from leaseguard.testing import LambdaContext

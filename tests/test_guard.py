@@ -18,7 +18,6 @@ from botocore.stub import ANY, Stubber
 
 from leaseguard import (
     ConfigurationError,
-    HandlerKeyError,
     LeaseBackendError,
     LeaseLostError,
     NoActiveLease,
@@ -26,6 +25,7 @@ from leaseguard import (
     current_lease,
     lease_owned,
 )
+from leaseguard.errors import HandlerKeyError
 from leaseguard.handoff import ENVELOPE_FIELD, Envelope
 from leaseguard.providers.base import BaseLeaseProvider
 from leaseguard.testing import LambdaContext

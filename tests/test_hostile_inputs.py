@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from leaseguard import HandlerKeyError, InvalidLeaseArgument, Signal, lease_owned
+from leaseguard import Signal, lease_owned
+from leaseguard.errors import HandlerKeyError, InvalidLeaseArgument
 from leaseguard.handoff import ENVELOPE_FIELD, Envelope
 from leaseguard.providers.base import BaseLeaseProvider
 from leaseguard.providers.dynamodb import DynamoDBLeaseProvider

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from leaseguard import InvalidLeaseArgument, Signal
+from leaseguard import Signal
+from leaseguard.errors import InvalidLeaseArgument
 from leaseguard.providers.base import BaseLeaseProvider
 
 TTL = 30_000

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from leaseguard import InvalidLeaseArgument, LeaseLostError, Signal
+from leaseguard import LeaseLostError, Signal
+from leaseguard.errors import InvalidLeaseArgument
 from leaseguard.providers.base import BaseLeaseProvider
 from leaseguard.validation import DEFAULT_MAX_PAYLOAD_BYTES
 
