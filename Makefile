@@ -169,20 +169,37 @@ sam-validate: $(SAM_STAMP) $(DEV_STAMP)
 	$(SAM_ENV) $(SAM) validate --config-env translate --region us-east-1
 	$(BIN)/cfn-lint --include-checks I -- template.yaml
 
-# Builds .aws-sam/build, then imports each built function with Python 3.12 and the built layer.
-# pip builds the leaseguard wheel in ./build: removed first, so no stale module is packaged.
-sam-build: $(SAM_STAMP)
+# The SDK the Lambda python3.12 runtime provides, which the layer leaves out (docs/deploy.md,
+# "The layer"): the import checks below and sam-local's image stand it in with leaseguard's
+# floor (pyproject.toml: boto3>=1.28), the oldest a runtime could have. Installed once.
+RUNTIME_BOTO3 ?= 1.28.0
+RUNTIME_BOTOCORE ?= 1.31.0
+RUNTIME_SDK := $(SAM_VENV)/runtime-sdk-$(RUNTIME_BOTO3)
+$(RUNTIME_SDK): | $(SAM_STAMP)
+	@test -n "$(PYTHON312)" || { echo "no python3.12 found: set PYTHON312=/path/to/python3.12" >&2; exit 1; }
+	rm -rf $@.tmp
+	$(PYTHON312) -m pip install -q --target $@.tmp boto3==$(RUNTIME_BOTO3) botocore==$(RUNTIME_BOTOCORE)
+	mv $@.tmp $@
+
+# Builds .aws-sam/build, then imports each built function with Python 3.12, the built layer and
+# the runtime's SDK, building its provider at import as in Lambda's init phase (no request is
+# made). pip builds the leaseguard wheel in ./build: removed first, so no stale module is packaged.
+LAYER_PATH = PYTHONPATH=../LeaseguardLayer/python:$(abspath $(RUNTIME_SDK))
+sam-build: $(SAM_STAMP) $(RUNTIME_SDK)
 	@test -n "$(PYTHON312)" || { echo "no python3.12 found: set PYTHON312=/path/to/python3.12" >&2; exit 1; }
 	$(PYTHON312) -c 'import sys; assert sys.version_info[:2] == (3, 12), sys.version'
 	rm -rf build
 	PATH="$(dir $(PYTHON312)):$$PATH" $(SAM_ENV) $(SAM) build
 	rm -rf build
-	cd .aws-sam/build/ThreadWorkerFunction && $(SAM_ENV) PYTHONPATH=../LeaseguardLayer/python \
-		CONVERSATION_TABLE_NAME=t $(PYTHON312) -c 'import app, leaseguard.providers.redis'
-	cd .aws-sam/build/BatchWorkerFunction && $(SAM_ENV) PYTHONPATH=../LeaseguardLayer/python \
-		CONVERSATION_TABLE_NAME=t $(PYTHON312) -c 'import batch'
-	cd .aws-sam/build/SweeperFunction && $(SAM_ENV) PYTHONPATH=../LeaseguardLayer/python \
-		WORKER_FUNCTION_NAME=w $(PYTHON312) -c 'import app, leaseguard.providers.dynamodb'
+	! ls .aws-sam/build/LeaseguardLayer/python | grep -E '^(boto3|botocore|s3transfer|urllib3)'
+	cd .aws-sam/build/ThreadWorkerFunction && $(SAM_ENV) $(LAYER_PATH) CONVERSATION_TABLE_NAME=t \
+		LEASEGUARD_BACKEND=dynamodb LEASEGUARD_TABLE_NAME=leases $(PYTHON312) -c \
+		'import app, botocore; assert app.PROVIDER is not None; print("boto3 from", botocore.__file__)'
+	cd .aws-sam/build/BatchWorkerFunction && $(SAM_ENV) $(LAYER_PATH) CONVERSATION_TABLE_NAME=t \
+		LEASEGUARD_BACKEND=redis LEASEGUARD_REDIS_URL=redis://127.0.0.1:9/0 $(PYTHON312) -c \
+		'import batch; assert batch.PROVIDER is not None'
+	cd .aws-sam/build/SweeperFunction && $(SAM_ENV) $(LAYER_PATH) WORKER_FUNCTION_NAME=w \
+		$(PYTHON312) -c 'import app, leaseguard.providers.dynamodb, leaseguard.providers.redis'
 	test -f .aws-sam/build/LeaseguardLayer/python/leaseguard/providers/lua/acquire_or_enqueue.lua
 
 # The SAM app end to end in Lambda containers, offline (docs/local.md): Docker from Debian's
@@ -191,4 +208,5 @@ sam-build: $(SAM_STAMP)
 # start-lambda and invoke on Redis and on moto. Not part of make test (.ci/run runs it after);
 # it stops, by pid, everything it starts. Times: docs/benchmarks.md.
 sam-local: $(SAM_STAMP) $(DEV_STAMP)
-	sam-local/run.sh $(BIN)/python $(SAM) "$(PYTHON312)"
+	RUNTIME_BOTO3=$(RUNTIME_BOTO3) RUNTIME_BOTOCORE=$(RUNTIME_BOTOCORE) \
+		sam-local/run.sh $(BIN)/python $(SAM) "$(PYTHON312)"

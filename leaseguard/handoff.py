@@ -29,6 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 from leaseguard import aws
 from leaseguard.errors import InvalidLeaseArgument, LeaseBackendError
 from leaseguard.events import as_json, is_sqs_record
+from leaseguard.observability import Telemetry
 from leaseguard.validation import check_key, check_owner
 
 ENVELOPE_FIELD = "leaseguard_handoff"
@@ -175,13 +176,24 @@ class SqsDispatcher:
 
 
 def dispatch_orphans(
-    provider: Any, dispatcher: Dispatcher, ttl_ms: int, limit: int = 100
+    provider: Any, dispatcher: Dispatcher, ttl_ms: int, limit: int = 100, *, metrics: Any = None
 ) -> list[Envelope]:
     """One sweeper pass: adopt keys whose owner died with signals pending and send each adopted
     signal to an invocation that will claim it. A failed send is logged and skipped: the grant
-    expires unclaimed and the next pass adopts it again."""
+    expires unclaimed and the next pass adopts it again.
+
+    Each adopted key counts ``OrphanAdopted`` and records ``OldestQueuedAgeMs`` (how long its
+    adopted head has waited since it was queued), to ``metrics`` (a Powertools ``Metrics``) or,
+    as ``@lease_owned`` does, to metrics of its own flushed after the pass when
+    ``POWERTOOLS_METRICS_NAMESPACE`` is set. A key that stays stuck (its grants never claimed)
+    is adopted again by every pass once its grant expires, each time older: the age is what an
+    alarm watches."""
+    telemetry = Telemetry(logger=_log, metrics=metrics)
     sent: list[Envelope] = []
-    for key, signal in provider.adopt_orphans(ttl_ms, limit, claim=False):
+    adopted = provider.adopt_orphans(ttl_ms, limit, claim=False)
+    for key, signal in adopted:
+        telemetry.count("OrphanAdopted")
+        telemetry.queued_age(signal)
         envelope = Envelope(key, signal.id, signal.token or 0, signal.payload)
         try:
             dispatcher.dispatch(envelope)
@@ -189,4 +201,6 @@ def dispatch_orphans(
             _log.exception("could not dispatch adopted signal %s of key %r", signal.id, key)
             continue
         sent.append(envelope)
+    if adopted:  # an empty flush would only warn "No application metrics to publish"
+        telemetry.flush()
     return sent

@@ -4,13 +4,17 @@
   are appended to the Powertools ``Logger`` (yours if you pass ``logger=``, else the one for
   ``POWERTOOLS_SERVICE_NAME``), so every line the handler logs carries them. Without Powertools
   leaseguard logs to the standard ``logging`` logger ``"leaseguard"``.
-* **Metrics** (Count; ``LeaseWaitMs`` and ``LeaseHoldMs`` in Milliseconds): ``LeaseAcquired``,
-  ``LeaseForwarded``, ``LeaseHandedOff``, ``LeaseLost``, ``DuplicateDelivery``, ``QueueDepth``,
-  ``QueueFull``, ``SignalFailed``, ``SignalDeadLettered``, ``SignalKeptHalted``,
-  ``DeadLetterSendFailed``, ``HandoffDispatched``, ``HandoffFailed``, ``HandoffRejected``,
-  ``LeaseWaitMs``, ``LeaseHoldMs`` (the list README.md gives). They go to the ``Metrics``
-  you pass, or, when ``POWERTOOLS_METRICS_NAMESPACE`` is set, to an ``EphemeralMetrics`` that
-  leaseguard flushes at the end of each invocation (so it never mixes with your own metric set).
+* **Metrics** (Count / Milliseconds): ``LeaseAcquired``, ``LeaseForwarded``, ``LeaseHandedOff``,
+  ``LeaseLost``, ``SignalFailed``, ``SignalDeadLettered``, ``SignalKeptHalted``, ``QueueFull``
+  (a forward refused), ``QueueDepth`` (each forward's place in its key's queue),
+  ``OldestQueuedAgeMs`` (how long a key's oldest queued event had waited when it was granted
+  the key: at each hand-off, adoption and batch take, and for each key a sweeper pass
+  adopts, with ``OrphanAdopted``), ``RetryDelayed`` (a failed event that waits its
+  ``retry_delay_ms``), ``LeaseWaitMs``, ``LeaseHoldMs``, and the rarer
+  ``DuplicateDelivery``, ``HandoffDispatched``, ``HandoffFailed``, ``HandoffRejected``,
+  ``DeadLetterSendFailed``. They go to the ``Metrics`` you pass, or, when
+  ``POWERTOOLS_METRICS_NAMESPACE`` is set, to an ``EphemeralMetrics`` that leaseguard flushes at
+  the end of each invocation (so it never mixes with your own metric set).
 * **Traces**: with ``tracer=``, the lease key and token become X-Ray annotations.
 
 Nothing here is required: without Powertools every call is a cheap no-op or a stdlib log line.
@@ -22,7 +26,12 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from leaseguard.types import now_ms
+
+if TYPE_CHECKING:
+    from leaseguard.types import Signal
 
 _std_log = logging.getLogger("leaseguard")
 LEASE_LOG_KEYS = ("lease_key", "lease_owner", "fencing_token")
@@ -82,6 +91,13 @@ class Telemetry:
 
     def timing(self, name: str, ms: float) -> None:
         self._metric(name, "Milliseconds", max(ms, 0.0))
+
+    def queued_age(self, signal: Signal) -> None:
+        """``OldestQueuedAgeMs``: how long ``signal``, the oldest of its key's queue, has waited
+        since it was queued. Recorded whenever leaseguard grants a key to its queue's head (a
+        hand-off, an adoption, a batch take, a sweeper pass), from the signal those steps
+        return: no request of its own."""
+        self.timing("OldestQueuedAgeMs", now_ms() - signal.enqueued_at_ms)
 
     def _metric(self, name: str, unit: str, value: float) -> None:
         if self.metrics is None:

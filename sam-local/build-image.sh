@@ -1,14 +1,18 @@
 #!/bin/bash
 # Builds a Lambda-like python3.12 image from Debian's package registry alone, for machines that
 # cannot pull public.ecr.aws/lambda/python: a debootstrap'd bookworm, the shared libraries Python
-# needs, pyenv's (or $PYTHON312's) Python 3.12 at its own path, and the runtime interface client
-# (awslambdaric) from PyPI in /var/runtime. `sam local ... --invoke-image IMAGE` runs the
-# functions on it; SAM adds its runtime interface emulator on top.
+# needs, pyenv's (or $PYTHON312's) Python 3.12 at its own path, the runtime interface client
+# (awslambdaric) from PyPI in /var/runtime, and, as the python3.12 runtime has it, boto3 in the
+# interpreter's site-packages (Lambda's /var/lang/lib/python3.12/site-packages, after the
+# function and its layers on the path): BOTO3 and BOTOCORE, the versions the layer relies on
+# the runtime for (the Makefile's RUNTIME_BOTO3, leaseguard's floor). `sam local ...
+# --invoke-image IMAGE` runs the functions on it; SAM adds its runtime interface emulator on top.
 #
-# usage: sam-local/build-image.sh IMAGE PYTHON312     (does nothing if IMAGE exists)
+# usage: sam-local/build-image.sh IMAGE PYTHON312 BOTO3 BOTOCORE  (does nothing if IMAGE exists)
 set -euo pipefail
 image=$1
 python312=$(readlink -f "$2")
+boto3_version=$3 botocore_version=$4
 here=$(cd "$(dirname "$0")" && pwd)
 
 if docker image inspect "$image" >/dev/null 2>&1; then
@@ -43,6 +47,13 @@ mkdir -p "$root/wheels"
     --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
     -d "$root/wheels" awslambdaric
 chroot "$root" /bin/sh -c '/var/lang/bin/python3 -m pip install -q --no-index --target /var/runtime /wheels/*.whl'
+rm -rf "$root/wheels"
+mkdir -p "$root/wheels"
+"$python312" -m pip download -q --only-binary=:all: --python-version 3.12 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
+    -d "$root/wheels" "boto3==$boto3_version" "botocore==$botocore_version"
+chroot "$root" /bin/sh -c '/var/lang/bin/python3 -m pip install -q --no-index /wheels/*.whl'
+chroot "$root" /var/lang/bin/python3 -c "import boto3; assert boto3.__version__ == '$boto3_version'"
 rm -rf "$root/wheels"
 install -m 0755 "$here/bootstrap" "$root/var/runtime/bootstrap"
 : >"$root/etc/resolv.conf"

@@ -5,7 +5,8 @@
 #      dockerd started if none is running, with no iptables/NAT and a bridge of its own
 #      (SAM_LOCAL_BRIDGE), so containers reach this machine at the bridge's gateway and nothing
 #      else. A dockerd that already runs is used as it is.
-#   2. The Lambda-like python3.12 image (sam-local/build-image.sh), built once and kept.
+#   2. The Lambda-like python3.12 image (sam-local/build-image.sh), with the runtime's boto3 as
+#      RUNTIME_BOTO3 and RUNTIME_BOTOCORE name it (the Makefile sets them), built once and kept.
 #   3. sam build for x86_64 into .aws-sam/sam-local, and the built layer added to the image
 #      (sam-local/app-image.sh), which the functions run on from a copy of the built template
 #      without `Layers` (see 3b below).
@@ -19,7 +20,10 @@ set -uo pipefail
 
 python=$1 sam=$2 python312=${3:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
-image=${SAM_LOCAL_IMAGE:-local/leaseguard-lambda-python:3.12}
+boto3_version=${RUNTIME_BOTO3:?set RUNTIME_BOTO3 (make sam-local does)}
+botocore_version=${RUNTIME_BOTOCORE:?set RUNTIME_BOTOCORE (make sam-local does)}
+# Named after the SDK in it: a new version is a new image (the old one is not rebuilt).
+image=${SAM_LOCAL_IMAGE:-local/leaseguard-lambda-python:3.12-boto3-$boto3_version}
 bridge=${SAM_LOCAL_BRIDGE:-172.29.77.1/24}
 build_dir=$root/.aws-sam/sam-local
 state=$build_dir/state
@@ -66,7 +70,8 @@ gateway=$(docker network inspect bridge -f '{{range .IPAM.Config}}{{.Gateway}}{{
 [ -n "$gateway" ] || fail "the Docker bridge has no gateway address"
 
 # 2. The image
-"$root/sam-local/build-image.sh" "$image" "$python312" || fail "building the image $image"
+"$root/sam-local/build-image.sh" "$image" "$python312" "$boto3_version" "$botocore_version" \
+    || fail "building the image $image"
 
 # 3. sam build, for this machine's architecture
 cd "$root" || fail "cd $root"
@@ -78,7 +83,7 @@ rm -rf build
 
 # 3b. The built layer in the image, not as a SAM layer. `sam local` rebuilds its image for a
 # function on every invocation when the function has a layer defined in the template (it sends
-# the 42 MB layer to dockerd again and waits for the build, one invocation at a time behind a
+# the layer, 42 MB when it still held boto3, to dockerd again and waits for the build, one invocation at a time behind a
 # lock): five concurrent cold requests queued 10 s each behind that and the owner they were
 # forwarded to ran past its timeout. So the layer sam build made is added at /opt (where Lambda
 # puts layers) to an image of its own, named after its contents, and the functions run from a

@@ -576,3 +576,43 @@ def test_the_local_run_in_docs_deploy_md(tmp_path: Path) -> None:
     assert direct["token"] > json.loads(posted["body"])["token"]
     assert envelope["leaseguard"]["status"] == "rejected"  # a stale envelope runs nothing
     assert sweep == {"dispatched": 0, "keys": []}
+
+
+# -- the provider built at init -----------------------------------------------------------------
+
+
+def test_the_backend_client_is_built_at_import_and_tests_can_swap_it(
+    moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a backend named, the worker's provider exists once its module is imported (Lambda's
+    init phase), the batch worker shares it, and the guard uses it; a test's use_provider takes
+    its place and gives it back. Without one, the guard resolves the environment's on use."""
+    from leaseguard.config import provider_from_env
+    from leaseguard.providers.dynamodb import DynamoDBLeaseProvider
+    from leaseguard.providers.memory import InMemoryLeaseProvider
+    from leaseguard.testing import use_provider
+
+    table = _conversation_table(moto_endpoint)
+    for name, value in {**FAKE_AWS, "AWS_ENDPOINT_URL_DYNAMODB": moto_endpoint}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CONVERSATION_TABLE_NAME", table.name)
+    monkeypatch.setenv("LEASEGUARD_BACKEND", "dynamodb")
+    monkeypatch.setenv("LEASEGUARD_TABLE_NAME", f"leases-{uuid.uuid4().hex[:8]}")
+    worker = _load(WORKER_PATH, "thread_worker_app_init")
+    assert isinstance(worker.PROVIDER, DynamoDBLeaseProvider)
+    assert worker.PROVIDER is provider_from_env()  # the one the environment describes
+    guard = worker.handler.__wrapped__.__leaseguard__  # under the Tracer's wrapper
+    assert guard._provider is worker.PROVIDER  # given as provider=, not looked up on use
+    assert guard.provider is worker.PROVIDER
+    memory = InMemoryLeaseProvider()
+    with use_provider(memory):
+        assert guard.provider is memory
+        answer = worker.handler(async_event("t-init", "on the test's provider"), LambdaContext())
+        assert answer["appended"] == 1
+        assert memory.get_lease_owner("t-init") is None  # released on the memory provider
+    assert guard.provider is worker.PROVIDER
+
+    monkeypatch.delenv("LEASEGUARD_BACKEND")
+    monkeypatch.delenv("LEASEGUARD_TABLE_NAME")
+    bare = _load(WORKER_PATH, "thread_worker_app_bare")
+    assert bare.PROVIDER is None

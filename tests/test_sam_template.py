@@ -228,7 +228,12 @@ def _expected_grants() -> dict[str, set[tuple[str, str]]]:
     assert "queue_url" not in {k.arg for k in guarded.keywords}
     # The batch worker: the same appends (app.append), its records guarded the same way.
     batch_app = _tree(ROOT / "functions" / "thread_worker" / "batch.py")
-    assert "from app import append" in ast.unparse(batch_app)
+    assert "append" in {
+        a.name
+        for n in ast.walk(batch_app)
+        if isinstance(n, ast.ImportFrom) and n.module == "app"
+        for a in n.names
+    }
     (batch_guarded,) = [
         d
         for n in ast.walk(batch_app)
@@ -444,7 +449,11 @@ def test_the_api_route_throttling_and_authorization(template: dict[str, Any]) ->
     assert route["Target"] == {"Fn::Sub": "integrations/${PostMessageIntegration}"}
     assert route["AuthorizationType"] == {"Ref": "ApiAuth"}
     auth = template["Parameters"]["ApiAuth"]
-    assert auth["Default"] == "NONE" and auth["AllowedValues"] == ["NONE", "AWS_IAM"]
+    # Safe by default: an open route is an explicit choice (sam local ignores AWS_IAM).
+    assert auth["Default"] == "AWS_IAM" and auth["AllowedValues"] == ["AWS_IAM", "NONE"]
+    config = tomllib.loads((ROOT / "samconfig.toml").read_text(encoding="utf-8"))
+    overrides = config["default"]["deploy"]["parameters"]["parameter_overrides"]
+    assert 'ApiAuth="AWS_IAM"' in overrides, overrides
     integration = resources["PostMessageIntegration"]["Properties"]
     assert integration["IntegrationUri"] == {
         "Fn::Sub": "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}"
@@ -471,46 +480,129 @@ def test_the_api_route_throttling_and_authorization(template: dict[str, Any]) ->
     assert template["Outputs"]["ApiUrl"]["Value"] == {"Fn::GetAtt": ["ChatApi", "ApiEndpoint"]}
 
 
+def _emitted_metrics() -> set[str]:
+    """The metric names leaseguard records, read from its source: every ``count("Name")`` and
+    ``timing("Name")`` of its Telemetry (the guard, the sweeper's ``dispatch_orphans``, the
+    helpers in observability.py)."""
+    sources = [*sorted(GUARD.glob("*.py")), ROOT / "leaseguard" / "handoff.py"]
+    sources.append(ROOT / "leaseguard" / "observability.py")
+    names = set()
+    for path in sources:
+        for node in ast.walk(_tree(path)):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("count", "timing")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                names.add(node.args[0].value)
+    return names
+
+
+def _alarms(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        name: resource["Properties"]
+        for name, resource in template["Resources"].items()
+        if resource["Type"] == "AWS::CloudWatch::Alarm"
+    }
+
+
 def test_alarms(template: dict[str, Any]) -> None:
-    resources = template["Resources"]
     variables = template["Globals"]["Function"]["Environment"]["Variables"]
     actions = {"Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}
-    alarms = {
-        props["MetricName"]: props
-        for resource in resources.values()
-        if resource["Type"] == "AWS::CloudWatch::Alarm"
-        for props in [resource["Properties"]]
-    }
-    assert set(alarms) == {
+    alarms = _alarms(template)
+    emitted = _emitted_metrics()
+    assert {"LeaseAcquired", "QueueDepth", "QueueFull", "OldestQueuedAgeMs"} <= emitted, emitted
+    # leaseguard's metrics: Powertools EMF, the namespace and a "service" dimension from the
+    # environment; each alarm on a name the code records.
+    own = {name: props for name, props in alarms.items() if props["Namespace"] != "AWS/Lambda"}
+    by_metric = {props["MetricName"]: props for props in own.values()}
+    assert set(by_metric) == {
         "ApproximateNumberOfMessagesVisible",
         "SignalDeadLettered",
         "SignalKeptHalted",
         "LeaseLost",
+        "QueueFull",
+        "QueueDepth",
+        "OldestQueuedAgeMs",
     }
-    guard = "".join(f.read_text(encoding="utf-8") for f in sorted(GUARD.glob("*.py")))
-    for metric in ("SignalDeadLettered", "SignalKeptHalted", "LeaseLost"):
-        assert f'"{metric}"' in guard  # the name leaseguard counts under
-        alarm = alarms[metric]
-        # Powertools EMF: the namespace and a "service" dimension, from the environment.
+    for metric, alarm in by_metric.items():
+        if metric == "ApproximateNumberOfMessagesVisible":
+            continue
+        assert metric in emitted, metric
         assert alarm["Namespace"] == variables["POWERTOOLS_METRICS_NAMESPACE"]
         assert alarm["Dimensions"] == [
             {"Name": "service", "Value": variables["POWERTOOLS_SERVICE_NAME"]}
         ]
-        assert alarm["Statistic"] == "Sum"
-    queue = alarms["ApproximateNumberOfMessagesVisible"]
+    # Counts alarm on any at all; the depth and the age on their worst value over a minute,
+    # above a threshold of their own.
+    for metric in ("SignalDeadLettered", "SignalKeptHalted", "LeaseLost", "QueueFull"):
+        assert by_metric[metric]["Statistic"] == "Sum" and by_metric[metric]["Threshold"] == 0
+    thresholds = {"QueueDepth": "QueueDepthAlarmThreshold", "OldestQueuedAgeMs": "QueuedAgeAlarmMs"}
+    for metric, parameter in thresholds.items():
+        assert by_metric[metric]["Statistic"] == "Maximum"
+        assert by_metric[metric]["Threshold"] == {"Ref": parameter}
+        assert template["Parameters"][parameter]["Type"] == "Number"
+    assert template["Parameters"]["QueueDepthAlarmThreshold"]["Default"] < 1000  # < max_queue
+    queue = by_metric["ApproximateNumberOfMessagesVisible"]
     assert queue["Namespace"] == "AWS/SQS"
     assert queue["Dimensions"] == [
         {"Name": "QueueName", "Value": {"Fn::GetAtt": ["FailedInvocationsQueue", "QueueName"]}}
     ]
+    # Lambda's own: errors and throttles of every function.
+    lambda_alarms = {
+        (props["Dimensions"][0]["Value"]["Ref"], props["MetricName"])
+        for props in alarms.values()
+        if props["Namespace"] == "AWS/Lambda"
+    }
+    functions = set(_functions(template))
+    assert lambda_alarms == {(f, m) for f in functions for m in ("Errors", "Throttles")}
+    for props in alarms.values():
+        if props["Namespace"] == "AWS/Lambda":
+            assert props["Dimensions"][0]["Name"] == "FunctionName"
+            assert len(props["Dimensions"]) == 1 and props["Statistic"] == "Sum"
+            assert props["Threshold"] == 0
     for alarm in alarms.values():
         assert alarm["ComparisonOperator"] == "GreaterThanThreshold"
-        assert alarm["Threshold"] == 0
         assert alarm["TreatMissingData"] == "notBreaching"
         assert alarm["AlarmActions"] == actions and alarm["OKActions"] == actions
+        assert alarm["AlarmDescription"]
     assert template["Parameters"]["AlarmTopicArn"]["Default"] == ""
     assert template["Conditions"]["HasAlarmTopic"] == {
         "Fn::Not": [{"Fn::Equals": [{"Ref": "AlarmTopicArn"}, ""]}]
     }
+
+
+def test_alarms_are_listed_in_docs_deploy_md(template: dict[str, Any]) -> None:
+    text = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
+    section = text.split("### Alarms", 1)[1].split("\n### ", 1)[0]
+    for name in _alarms(template):
+        assert f"`{name}`" in section, name
+    for parameter in template["Parameters"]:
+        assert f"`{parameter}`" in text, parameter
+
+
+def test_each_function_logs_to_a_log_group_with_retention(template: dict[str, Any]) -> None:
+    resources = template["Resources"]
+    retention = template["Parameters"]["LogRetentionInDays"]
+    assert retention["Type"] == "Number" and retention["Default"] in retention["AllowedValues"]
+    groups = set()
+    for name, props in _functions(template).items():
+        group = props["LoggingConfig"]["LogGroup"]["Ref"]
+        groups.add(group)
+        resource = resources[group]
+        assert resource["Type"] == "AWS::Logs::LogGroup"
+        assert resource["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionInDays"}
+        # The name Lambda itself would give the function's group (console, sam logs), known
+        # before the function exists: the function's explicit name.
+        assert resource["Properties"]["LogGroupName"] == {
+            "Fn::Sub": "/aws/lambda/" + props["FunctionName"]["Fn::Sub"]
+        }, name
+        assert resource["DeletionPolicy"] == resource["UpdateReplacePolicy"]
+    assert len(groups) == len(_functions(template))
+    assert {n for n, r in resources.items() if r["Type"] == "AWS::Logs::LogGroup"} == groups
 
 
 def test_stateful_resources_say_what_happens_on_delete_and_replace(
@@ -586,12 +678,11 @@ def test_globals_parameters_and_outputs(template: dict[str, Any]) -> None:
         "LeaseTableName",
     }
     layer = template["Resources"]["LeaseguardLayer"]
-    architecture = {"Ref": "Architecture"}
-    assert layer["Metadata"] == {"BuildMethod": "python3.12", "BuildArchitecture": architecture}
-    assert layer["Properties"]["CompatibleArchitectures"] == [architecture]
+    # Built by functions/layer/Makefile from pure-Python wheels: one layer for either
+    # architecture (test_the_layer_is_what_the_runtime_lacks).
+    assert layer["Metadata"] == {"BuildMethod": "makefile"}
+    assert layer["Properties"]["CompatibleArchitectures"] == ["arm64", "x86_64"]
     assert template["Parameters"]["Architecture"]["AllowedValues"] == ["arm64", "x86_64"]
-    requirements = (ROOT / layer["Properties"]["ContentUri"] / "requirements.txt").read_text()
-    assert ".[dynamodb,redis,powertools]" in requirements.splitlines()
 
 
 def parameters_default(template: dict[str, Any], name: str) -> Any:
@@ -622,3 +713,105 @@ def test_sample_events_match_the_template(template: dict[str, Any]) -> None:
     assert set(envelope["leaseguard_handoff"]) >= {"version", "key", "owner", "token"}
     schedule = json.loads((events / "sweeper" / "schedule.json").read_text())
     assert schedule["detail-type"] == "Scheduled Event"
+
+
+# -- the layer and the functions' init ------------------------------------------------------
+
+# The Lambda python3.12 runtime's own packages: boto3 and what it depends on (checked below
+# against boto3's metadata, so this is not a copy that can go stale).
+RUNTIME_SDK = {"boto3", "botocore", "s3transfer", "jmespath", "python-dateutil", "six", "urllib3"}
+COMPILED = {"hiredis"}  # compiled per architecture: left out of the pure-Python layer
+
+
+def _closure(*requirements: str) -> dict[str, str]:
+    """Every distribution these requirements install, by canonical name, with the specifier
+    the first requirement naming it gave (read from .venv's installed metadata)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found: dict[str, str] = {}
+    seen: set[tuple[str, frozenset[str]]] = set()
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        requirement = todo.pop(0)
+        name = canonicalize_name(requirement.name)
+        found.setdefault(name, str(requirement.specifier))
+        if (name, frozenset(requirement.extras)) in seen:
+            continue
+        seen.add((name, frozenset(requirement.extras)))
+        for line in metadata.distribution(name).requires or []:
+            dependency = Requirement(line)
+            extras = requirement.extras or {""}
+            marker = dependency.marker
+            if marker is None or any(marker.evaluate({"extra": e}) for e in extras):
+                todo.append(dependency)
+    return found
+
+
+def test_the_layer_is_what_the_runtime_lacks(template: dict[str, Any]) -> None:
+    """functions/layer/requirements.txt is the closure of leaseguard[redis,powertools] and
+    Powertools' Tracer, less the runtime's SDK and hiredis; installed without dependencies
+    (the Makefile), nothing else comes in."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    assert set(_closure("boto3")) == RUNTIME_SDK
+    layer = template["Resources"]["LeaseguardLayer"]["Properties"]["ContentUri"]
+    lines = (ROOT / layer / "requirements.txt").read_text(encoding="utf-8").splitlines()
+    listed = {
+        canonicalize_name(r.name): str(r.specifier)
+        for r in (Requirement(line) for line in lines if line and not line.startswith("#"))
+    }
+    needed = _closure("leaseguard[redis,powertools]", "aws-lambda-powertools[tracer]")
+    needed = {n: spec for n, spec in needed.items() if n != "leaseguard"}
+    assert set(listed) == set(needed) - RUNTIME_SDK - COMPILED
+    # leaseguard's bounds on what its extras name; the rest as their dependents resolve them.
+    extras = _pyproject()["project"]["optional-dependencies"]
+    bounds = {
+        canonicalize_name(r.name): str(r.specifier)
+        for r in (Requirement(d) for extra in ("redis", "powertools") for d in extras[extra])
+    }
+    assert {n: listed[n] for n in bounds if n in listed} == {
+        n: spec for n, spec in bounds.items() if n in listed
+    }
+    assert all(not spec for n, spec in listed.items() if n not in bounds), listed
+    makefile = (ROOT / layer / "Makefile").read_text(encoding="utf-8")
+    assert "build-LeaseguardLayer:" in makefile
+    assert "--no-deps" in makefile and "--platform any" in makefile
+    # The runtime's SDK stand-in of make sam-build and sam-local: leaseguard's floor.
+    floor = next(
+        d for d in _pyproject()["project"]["optional-dependencies"]["dynamodb"] if "boto3" in d
+    )
+    make = (ROOT / "Makefile").read_text(encoding="utf-8")
+    version = str(Requirement(floor).specifier).removeprefix(">=")
+    assert f"RUNTIME_BOTO3 ?= {version}.0" in make
+
+
+def _pyproject() -> dict[str, Any]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def _decorators(path: Path, function: str) -> list[str]:
+    (fn,) = [
+        n for n in ast.walk(_tree(path)) if isinstance(n, ast.FunctionDef) and n.name == function
+    ]
+    return [ast.unparse(d) for d in fn.decorator_list]
+
+
+def test_tracing_is_on_where_a_tracer_records_and_in_the_documented_order(
+    template: dict[str, Any],
+) -> None:
+    assert template["Globals"]["Function"]["Tracing"] == "Active"
+    functions = ROOT / "functions"
+    for path in (functions / "thread_worker" / "app.py", functions / "sweeper" / "app.py"):
+        assert "tracer = Tracer()" in path.read_text(encoding="utf-8"), path
+    # leaseguard.stacking.RECOMMENDED_STACK: logger, then tracer, then metrics, then the guard.
+    worker = _decorators(functions / "thread_worker" / "app.py", "handler")
+    assert worker[0] == "tracer.capture_lambda_handler", worker
+    assert worker[1].startswith("lease_owned(") and "tracer=tracer" in worker[1], worker
+    batch = _decorators(functions / "thread_worker" / "batch.py", "handler")
+    assert batch == ["tracer.capture_lambda_handler", "handle_envelopes"]
+    sweeper = _decorators(functions / "sweeper" / "app.py", "handler")
+    assert sweeper == ["logger.inject_lambda_context", "tracer.capture_lambda_handler"]

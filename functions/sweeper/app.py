@@ -12,20 +12,28 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from aws_lambda_powertools import Logger
+from aws_lambda_powertools import Logger, Tracer
 
 from leaseguard.config import DEFAULT_TTL_MS, provider_from_env
 from leaseguard.handoff import InvokeDispatcher, dispatch_orphans
 
 logger = Logger()
+tracer = Tracer()  # Tracing: Active in template.yaml; off outside Lambda and under sam local
 WORKER_FUNCTION_NAME = os.environ["WORKER_FUNCTION_NAME"]
 TTL_MS = int(os.environ.get("LEASEGUARD_TTL_MS") or DEFAULT_TTL_MS)
 SWEEP_LIMIT = int(os.environ.get("SWEEP_LIMIT", "100"))
+# Both clients built in the init phase, not in the first pass (as in the worker): the lease
+# backend's into provider_from_env's cache, whose every later call in this environment (one per
+# pass) answers the same provider, or the one a test put in its place (use_provider).
+if os.environ.get("LEASEGUARD_BACKEND"):
+    provider_from_env()
+dispatcher = InvokeDispatcher(WORKER_FUNCTION_NAME)
 
 
 @logger.inject_lambda_context
+@tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    dispatcher = InvokeDispatcher(WORKER_FUNCTION_NAME)
+    # Each adopted key: OrphanAdopted and OldestQueuedAgeMs (the queued-age alarm).
     sent = dispatch_orphans(provider_from_env(), dispatcher, TTL_MS, SWEEP_LIMIT)
     for envelope in sent:
         logger.info("dispatched an orphaned signal", key=envelope.key, owner=envelope.owner)

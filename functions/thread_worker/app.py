@@ -15,14 +15,21 @@ import os
 from typing import Any
 
 import boto3
-from aws_lambda_powertools import Logger
+from aws_lambda_powertools import Logger, Tracer
 from botocore.exceptions import ClientError
 
 from leaseguard import current_lease, lease_owned
+from leaseguard.config import provider_from_env
 
 logger = Logger()
+tracer = Tracer()  # Tracing: Active in template.yaml; off outside Lambda and under sam local
 # Module level: created once per execution environment. Tests point it at a local DynamoDB.
 conversations = boto3.resource("dynamodb").Table(os.environ["CONVERSATION_TABLE_NAME"])
+# The lease backend's client, built here in the init phase rather than by the first invocation
+# (the template always sets LEASEGUARD_BACKEND; a setting that cannot work fails the init, not
+# a request). Without it, @lease_owned resolves the environment's provider on first use.
+# leaseguard.testing.use_provider still takes the place of this one in tests.
+PROVIDER = provider_from_env() if os.environ.get("LEASEGUARD_BACKEND") else None
 MAX_MESSAGES_PER_RUN = int(os.environ.get("MAX_MESSAGES_PER_RUN", "100"))
 
 
@@ -77,7 +84,10 @@ def append(thread: str, message_id: str, text: str, token: int) -> bool:
     return True
 
 
-@lease_owned(thread_of, logger=logger)
+# Tracer outside @lease_owned (leaseguard.stacking): its subsegment spans the lease steps too,
+# and tracer= adds the lease_key and fencing_token annotations to it.
+@tracer.capture_lambda_handler
+@lease_owned(thread_of, provider=PROVIDER, logger=logger, tracer=tracer)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     lease = current_lease()
     # This run's message is queued under the lease owner's id; follow-ups under their own.

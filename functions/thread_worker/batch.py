@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app import append, text_of, thread_of
+from app import PROVIDER, append, text_of, thread_of, tracer
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.batch import (
     BatchProcessor,
@@ -32,7 +32,9 @@ logger = Logger()
 processor = BatchProcessor(event_type=EventType.SQS)
 
 
-@lease_owned(lambda record: thread_of(record.raw_event), logger=logger)
+# No tracer= here: a batch's records share the handler's one subsegment, where each record's
+# lease annotations would overwrite the one before.
+@lease_owned(lambda record: thread_of(record.raw_event), provider=PROVIDER, logger=logger)
 def record_handler(record: SQSRecord) -> bool:
     lease = current_lease()
     lease.check()  # stop before writing if the lease was lost
@@ -46,6 +48,7 @@ def record_handler(record: SQSRecord) -> bool:
     return appended
 
 
+@tracer.capture_lambda_handler
 @handle_envelopes
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     return process_partial_response(event, record_handler, processor, context)

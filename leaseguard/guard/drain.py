@@ -96,6 +96,7 @@ def drain(
             if not batch:
                 return drained
             signal = batch[0]
+            telemetry.queued_age(signal)  # taken oldest first: the queue's oldest
             if handle.settle():
                 return drained  # the take's reply came after the lease ran out: run nothing
             outcome, error, took = yield from _run_item(invocation, handle, signal, drained)

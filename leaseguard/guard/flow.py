@@ -107,6 +107,10 @@ class Invocation:
                 self.telemetry.count("QueueDepth", result.position)
             return responses.forwarded(self.event, key, own.id, result.owner, result.position)
         self.telemetry.count("LeaseAcquired")
+        if result.adopted is not None:
+            # The key's owner had died with work queued: how long its oldest event has waited
+            # is what shows a stuck key (docs/deploy.md, the queued-age alarm).
+            self.telemetry.queued_age(result.adopted)
         first = result.adopted or replace(own, token=result.token, attempts=result.attempts)
         own_event = result.adopted is None
         outcome = yield from self._chain(key, first, sent_at, primary=own.id, own_event=own_event)
@@ -287,6 +291,7 @@ class Invocation:
             if nxt is None:
                 break
             telemetry.count("LeaseHandedOff")
+            telemetry.queued_age(nxt)  # the queue's oldest: it waited this long for the key
             envelope = Envelope(key, nxt.id, nxt.token or 0, nxt.payload)
             if retry is not None and nxt.id == retry.signal_id:
                 retries.wait(self.telemetry, envelope, retry)
