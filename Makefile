@@ -198,7 +198,7 @@ sam-build: $(SAM_STAMP) $(RUNTIME_SDK)
 	cd .aws-sam/build/BatchWorkerFunction && $(SAM_ENV) $(LAYER_PATH) CONVERSATION_TABLE_NAME=t \
 		LEASEGUARD_BACKEND=redis LEASEGUARD_REDIS_URL=redis://127.0.0.1:9/0 $(PYTHON312) -c \
 		'import batch; assert batch.PROVIDER is not None'
-	cd .aws-sam/build/SweeperFunction && $(SAM_ENV) $(LAYER_PATH) WORKER_FUNCTION_NAME=w \
+	cd .aws-sam/build/SweeperFunction && $(SAM_ENV) $(LAYER_PATH) LEASEGUARD_WORKER_FUNCTION=w \
 		$(PYTHON312) -c 'import app, leaseguard.providers.dynamodb, leaseguard.providers.redis'
 	test -f .aws-sam/build/LeaseguardLayer/python/leaseguard/providers/lua/acquire_or_enqueue.lua
 

@@ -49,6 +49,7 @@ def sweep(
     queue_url: str | None = None,
     ttl_ms: int | None = None,
     limit: int = DEFAULT_SWEEP_LIMIT,
+    metrics: Any = None,
 ) -> list[Envelope]:
     """One sweeper pass: the envelopes it sent, one per adopted key.
 
@@ -67,12 +68,16 @@ def sweep(
         15 s), so that its claim finds the grant alive.
     limit
         Most keys adopted in this pass.
+    metrics
+        A Powertools ``Metrics`` for ``OrphanAdopted`` and ``OldestQueuedAgeMs`` per adopted key
+        (default: metrics of the pass's own when ``POWERTOOLS_METRICS_NAMESPACE`` is set), the
+        numbers a stuck key's alarm watches (:func:`~leaseguard.handoff.dispatch_orphans`).
     """
     target = dispatcher or _dispatcher(worker_function, queue_url)
     ttl = check_ttl(ttl_ms if ttl_ms is not None else env_int("LEASEGUARD_TTL_MS", DEFAULT_TTL_MS))
     limit = check_positive_int("limit", limit, 10_000)
     backend = provider if provider is not None else provider_from_env()
-    return dispatch_orphans(backend, target, ttl, limit)
+    return dispatch_orphans(backend, target, ttl, limit, metrics=metrics)
 
 
 def sweeper_handler(
@@ -82,22 +87,26 @@ def sweeper_handler(
     queue_url: str | None = None,
     ttl_ms: int | None = None,
     limit: int | None = None,
+    metrics: Any = None,
 ) -> Callable[[Any, Any], dict[str, Any]]:
     """A Lambda handler that runs one :func:`sweep` per invocation (schedule it every minute).
 
-    The settings are :func:`sweep`'s, checked now, at init, so that a misconfigured sweeper
+    The settings are :func:`sweep`'s, checked now, at init (the dispatcher's client is built
+    now too, and the provider when the environment names a backend), so that a misconfigured sweeper
     fails its first deployment test rather than its first orphan; ``limit`` defaults to
     ``LEASEGUARD_SWEEP_LIMIT`` or 100. It answers ``{"dispatched": n, "keys": [...]}`` and logs
     each adopted key.
     """
     dispatcher = _dispatcher(worker_function, queue_url)
+    if provider is None and os.environ.get("LEASEGUARD_BACKEND"):
+        provider_from_env()  # built in the init phase; each pass looks it up (use_provider)
     count = limit if limit is not None else env_int("LEASEGUARD_SWEEP_LIMIT", DEFAULT_SWEEP_LIMIT)
     check_positive_int("limit", count, 10_000)
     if ttl_ms is not None:
         check_ttl(ttl_ms)
 
     def handler(event: Any, context: Any) -> dict[str, Any]:
-        sent = sweep(provider, dispatcher, ttl_ms=ttl_ms, limit=count)
+        sent = sweep(provider, dispatcher, ttl_ms=ttl_ms, limit=count, metrics=metrics)
         for envelope in sent:
             _log.info(
                 "dispatched an orphaned signal",

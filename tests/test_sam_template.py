@@ -243,9 +243,15 @@ def _expected_grants() -> dict[str, set[tuple[str, str]]]:
     ]
     assert "queue_url" not in {k.arg for k in batch_guarded.keywords}
     assert _attributes_of(batch_app, "conversations") == set()
+    # The sweeper: leaseguard.sweeper's handler, whose dispatcher is an SQS queue only when
+    # LEASEGUARD_HANDOFF_QUEUE_URL is set (the template sets the worker's name instead).
     sweeper_app = (ROOT / "functions" / "sweeper" / "app.py").read_text(encoding="utf-8")
-    assert "InvokeDispatcher(WORKER_FUNCTION_NAME)" in sweeper_app
-    assert "SqsDispatcher" not in sweeper_app
+    assert "sweeper_handler()" in sweeper_app
+    loaded = yaml.load((ROOT / "template.yaml").read_text(encoding="utf-8"), Loader=CfnLoader)
+    sweeper_env = loaded["Resources"]["SweeperFunction"]["Properties"]["Environment"]
+    assert set(sweeper_env["Variables"]) == {"LEASEGUARD_WORKER_FUNCTION"}
+    dispatch = _function(leaseguard / "sweeper.py", "_dispatcher")
+    assert {"InvokeDispatcher", "SqsDispatcher"} <= _names_in(dispatch)
     invoke = _methods(leaseguard / "handoff.py", "InvokeDispatcher")
     assert _attributes_of(invoke["dispatch"], "self.client") == {"invoke"}
     # Lambda itself sends a failed async invocation to the on-failure destination, as the

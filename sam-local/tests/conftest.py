@@ -239,7 +239,7 @@ class App:
                 {
                     WORKER: variables,
                     BATCH_WORKER: variables,
-                    SWEEPER: {**sweeper, "WORKER_FUNCTION_NAME": WORKER},
+                    SWEEPER: {**sweeper, "LEASEGUARD_WORKER_FUNCTION": WORKER},
                 },
                 indent=2,
             )
