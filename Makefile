@@ -6,7 +6,8 @@ DEV_STAMP := $(VENV)/.installed-dev
 DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: test checks niced-checks demo lint typecheck pytest model-check model-check-small \
-	model-check-core model-check-queue model-check-drain model-check-dead soak bench clean dist
+	model-check-core model-check-queue model-check-drain model-check-dead model-check-waiting soak \
+	bench clean dist
 
 # make test runs in two phases:
 #   1. the two virtualenvs, installed at once (.venv, and .venv-sam for the SAM CLI);
@@ -37,7 +38,7 @@ niced-checks: | $(DEV_STAMP) $(SAM_STAMP)
 	@nice -n 19 $(MAKE) --no-print-directory -j$(CHECK_JOBS) --output-sync=target checks
 
 checks: sam-build model-check-core typecheck model-check-queue model-check-drain model-check-dead \
-	sam-validate lint
+	model-check-waiting sam-validate lint
 
 # sam build runs pip on this checkout (as pip install -e does for .venv): not both at once.
 sam-build: | $(DEV_STAMP)
@@ -69,8 +70,10 @@ model-check: $(DEV_STAMP)
 	$(BIN)/python -m leaseguard.protocol.explore --bound failover --min-states 100000
 	$(BIN)/python -m leaseguard.protocol.explore --bound dead --min-states 5000
 	$(BIN)/python -m leaseguard.protocol.explore --bound dead-faults --min-states 100000
+	$(BIN)/python -m leaseguard.protocol.explore --bound waiting --min-states 100000
 
-model-check-small: model-check-core model-check-queue model-check-drain model-check-dead
+model-check-small: model-check-core model-check-queue model-check-drain model-check-dead \
+	model-check-waiting
 
 model-check-core: $(DEV_STAMP)
 	$(BIN)/python -m leaseguard.protocol.explore --bound small
@@ -80,6 +83,11 @@ model-check-queue: $(DEV_STAMP)
 
 model-check-drain: $(DEV_STAMP)
 	$(BIN)/python -m leaseguard.protocol.explore --bound drain
+
+# Owners whose caller waits (API Gateway) answer before running anyone else's event (invariant
+# (o)): the small bound with caller_waits=True, about a minute.
+model-check-waiting: $(DEV_STAMP)
+	$(BIN)/python -m leaseguard.protocol.explore --bound waiting
 
 # The dead-letter bound (row G6, invariant (n)): a few thousand states, about a second.
 model-check-dead: $(DEV_STAMP)

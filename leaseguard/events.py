@@ -43,11 +43,20 @@ def _mapping(event: Any) -> Mapping[str, Any] | None:
 
 
 def is_api_gateway(event: Any) -> bool:
-    """REST API (v1 proxy) or HTTP API (v2) request events."""
+    """REST API (v1 proxy) or HTTP API (v2) request events; Lambda function URLs (the v2 shape)
+    and ALB target events (the v1 shape) too: each answers with the same proxy response."""
     data = _mapping(event)
     if data is None or not isinstance(data.get("requestContext"), Mapping):
         return False
     return "httpMethod" in data or data.get("version") == "2.0" or "routeKey" in data
+
+
+def caller_waits(event: Any) -> bool:
+    """Whether the event's source holds its caller until the invocation returns: API Gateway
+    (REST and HTTP APIs), function URLs and ALB. SQS, async invokes, streams and hand-off
+    envelopes do not; a synchronous ``Invoke`` (``RequestResponse``) does, but its event and
+    context look like an async one's, so only the ``caller_waits=`` setting can say so."""
+    return is_api_gateway(event)
 
 
 def is_sqs_record(event: Any) -> bool:

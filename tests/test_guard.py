@@ -31,6 +31,7 @@ from leaseguard.providers.base import BaseLeaseProvider
 from leaseguard.testing import LambdaContext
 
 from .conftest import let_leases_expire
+from .handoffs import RecordingLambda
 
 TTL = 3_000
 
@@ -102,7 +103,11 @@ def test_held_key_forwards_with_202_for_api_gateway(
     provider: BaseLeaseProvider, make_event: Any
 ) -> None:
     recorder = Recorder()
-    handler = lease_owned("pathParameters.threadId", provider=provider, ttl_ms=TTL)(recorder)
+    client = RecordingLambda()
+    guard = lease_owned(
+        "pathParameters.threadId", provider=provider, ttl_ms=TTL, lambda_client=client
+    )
+    handler = guard(recorder)
     owner = hold_in_background(handler, http_event("t1", "first"), recorder)
     ctx = LambdaContext()
     response = handler(make_event("t1"), ctx)
@@ -114,7 +119,11 @@ def test_held_key_forwards_with_202_for_api_gateway(
     assert len(recorder.seen) == 1  # the forwarded handler did not run here
     recorder.gate.set()
     owner.join()
-    assert [s[0] for s in recorder.seen] == ["first", "hi"]  # ran inline after the owner
+    # The owner's caller waits: answered after its own run, the forwarded event handed off
+    assert owner.result == {"r": {"statusCode": 200, "body": "first"}}  # type: ignore[attr-defined]
+    assert [s[0] for s in recorder.seen] == ["first"] and len(client.pending()) == 1
+    assert client.deliver(handler) == [{"statusCode": 200, "body": "hi"}]
+    assert [s[0] for s in recorder.seen] == ["first", "hi"]
 
 
 def test_forwarded_plain_event_gets_a_body_not_http(provider: BaseLeaseProvider) -> None:

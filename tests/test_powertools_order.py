@@ -26,6 +26,8 @@ from leaseguard import ConfigurationError, InMemoryLeaseProvider, current_lease,
 from leaseguard.stacking import RECOMMENDED_STACK
 from leaseguard.testing import LambdaContext
 
+from .handoffs import RecordingLambda
+
 
 @pytest.fixture
 def persistence(monkeypatch: pytest.MonkeyPatch) -> Iterator[DynamoDBPersistenceLayer]:
@@ -78,9 +80,17 @@ def test_the_recommended_stack_end_to_end(
     inside, release = threading.Event(), threading.Event()
     config = IdempotencyConfig(event_key_jmespath="body")
 
+    client = RecordingLambda()
+
     @logger.inject_lambda_context(clear_state=True)
     @metrics.log_metrics
-    @lease_owned("pathParameters.thread_id", provider=provider, logger=logger, metrics=metrics)
+    @lease_owned(
+        "pathParameters.thread_id",
+        provider=provider,
+        logger=logger,
+        metrics=metrics,
+        lambda_client=client,
+    )
     @idempotent(persistence_store=persistence, config=config)
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         body = json.loads(event["body"])
@@ -104,6 +114,9 @@ def test_the_recommended_stack_end_to_end(
     release.set()
     owner.join(10)
     assert results["owner"]["statusCode"] == 200
+    # The owner's caller waits: the forwarded event runs in the invocation it was handed to.
+    assert [text for text, _ in runs] == ["first"]
+    assert client.deliver(handler) == [{"statusCode": 200, "body": json.dumps({"done": "second"})}]
     owner_out = capsys.readouterr().out
 
     # Metrics: the forwarded invocation flushed its LeaseForwarded (log_metrics is outside).

@@ -139,3 +139,16 @@ def test_a_source_mutant_is_undone_after_its_search() -> None:
         assert flow.Invocation is not before[0] and drivers.Invocation is flow.Invocation
     assert (flow.Invocation, drivers.Invocation) == before
     assert check_model(TINY).violations == 0
+
+
+def test_a_waiting_callers_owner_answers_before_anyone_elses_run() -> None:
+    """Invariant (p) over owners whose caller waits (``caller_waits=True``, as an API Gateway
+    request): the guard hands off what is queued behind the own event, and a guard that drained
+    it inline instead is caught."""
+    waiting = Bounds(events=2, faults=0, expiries=1, renews=0, caller_waits=True)
+    assert check_model(waiting).violations == 0
+    mutant = next(m for m in MUTANTS if m.name == "guard-waiting-caller-drains-inline")
+    assert mutant.family in FAMILIES["waiting"]
+    found = check_mutant(waiting, mutant)
+    assert found.violations == 1
+    assert found.message is not None and found.message.startswith("(p)"), found.message

@@ -18,8 +18,10 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from leaseguard import aws
 from leaseguard.config import provider_from_env
 from leaseguard.testing import LambdaContext
+from tests.handoffs import RecordingLambda
 from tests.test_docs import Block, python_blocks
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -89,7 +91,10 @@ def run(example: Block, **names: Any) -> dict[str, Any]:
     return namespace
 
 
-def test_quick_start() -> None:
+def test_quick_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = RecordingLambda()  # the async Invoke an HTTP owner hands the next event to
+    made = aws.default_client
+    monkeypatch.setattr(aws, "default_client", lambda s: client if s == "lambda" else made(s))
     calls: list[tuple[str, list[str]]] = []
     gate, inside = threading.Event(), threading.Event()
 
@@ -119,7 +124,10 @@ def test_quick_start() -> None:
     gate.set()
     first.join()
     assert results["a"] == {"statusCode": 200, "body": "1 message(s)"}
-    # "b" arrived after the owner drained, so it ran next, in the same invocation.
+    # "b" arrived after the owner's take: its caller waits, so the owner answered it and
+    # handed "b" to a new invocation, which runs it next.
+    assert calls == [("t1", ["a"])]
+    assert client.deliver(handler) == [{"statusCode": 200, "body": "1 message(s)"}]
     assert calls == [("t1", ["a"]), ("t1", ["b"])]
 
 

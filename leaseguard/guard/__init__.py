@@ -7,7 +7,8 @@ For each invocation::
       ├─ queued  → return "forwarded" (HTTP 202 for API Gateway); the handler does not run
       └─ owner   → renew every ttl/3 on a thread ─ run handler ─ pause the renewals
                    └─ transfer_to_next: the next queued signal becomes owner, no gap
-                        ├─ time left  → run it inline, same invocation (and repeat)
+                        ├─ time left  → run it inline, same invocation (and repeat),
+                        │               unless the own event's caller waits (API Gateway)
                         ├─ no time    → async Invoke of this function, or SQS, with an envelope
                         └─ queue empty → the key is released
     the renewal thread is joined before the invocation returns, however it ends

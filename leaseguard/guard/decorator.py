@@ -30,6 +30,7 @@ def lease_owned(
     handoff: Handoff = "auto",
     *,
     handoff_margin_ms: int = DEFAULT_HANDOFF_MARGIN_MS,
+    caller_waits: bool | None = None,
     queue_url: str | None = None,
     on_lost: Callable[[LeaseHandle], None] | None = None,
     on_signal_error: Callable[[Signal, BaseException], None] | None = None,
@@ -59,6 +60,15 @@ def lease_owned(
     ``"auto"`` runs it inline while the Lambda deadline leaves ``handoff_margin_ms`` more than
     the longest handler run so far, else hands off by SQS (when ``queue_url`` is set) or by an
     async ``Invoke`` of this function; ``"inline"``, ``"invoke"`` and ``"sqs"`` force one way.
+    When the invocation's caller waits for its answer, ``"auto"`` runs nothing after its own
+    event: the next signal is handed off at once, so the caller is answered after its own run
+    (inline only when no hand-off is possible: no ``queue_url`` and a context naming no
+    function; a warning says so). ``caller_waits`` says whose caller waits: ``None`` (the
+    default) the event's source decides: API Gateway REST and HTTP APIs, function URLs and ALB
+    wait, every other source (SQS, async ``Invoke``, streams, hand-off envelopes) does not.
+    A synchronous (``RequestResponse``) ``Invoke`` looks like an async one to the function, so
+    a function invoked that way says ``caller_waits=True``; ``False`` drains inline under the
+    deadline for every source.
 
     ``on_lost(handle)`` runs when renewal fails; ``on_signal_error(signal, exc)`` when the
     handler raises on a forwarded signal, or on a run that had taken it with
@@ -100,6 +110,7 @@ def lease_owned(
             renew_every_ms=renew_every_ms,
             handoff=handoff,
             handoff_margin_ms=handoff_margin_ms,
+            caller_waits=caller_waits,
             queue_url=queue_url,
             max_attempts=max_attempts,
             max_queue=max_queue,

@@ -61,17 +61,20 @@ def drain(
     *,
     primary: str,
     longest_ms: float,
+    answered: bool = False,
 ) -> Generator[Run, Outcome, Drained]:
     """Run up to ``drain_batch`` queued signals behind ``owner``, whose run (under ``handle``)
-    succeeded, taking each with the report of the one before."""
+    succeeded, taking each with the report of the one before. ``answered``: ``primary`` ran
+    before the drain (the hand-off policy's question, as in the flow)."""
     options, telemetry = invocation.options, invocation.telemetry
-    provider, policy = invocation.guard.provider, invocation.guard.policy
+    provider = invocation.guard.provider
     unreported = [s.id for s in handle.taken]
     drained = Drained([owner.id, *unreported], longest_ms=longest_ms)
     renewer.follow(handle)  # the same grant: its next renewal stays due when it was
     try:
         for ran in range(options.drain_batch):
-            if ran and policy.place_next(invocation.context, drained.longest_ms) == "remote":
+            answered = answered or drained.primary is not None
+            if ran and invocation.place_next(drained.longest_ms, answered) == "remote":
                 drained.remote = True
                 return drained
             # A kwargs dict: completed= is not part of the QueueProvider protocol, only of the

@@ -40,6 +40,9 @@ class Invocation:
         self.context = call.context
         self.telemetry = guard.telemetry
         self.clock = guard.clock
+        # An API Gateway (or function URL, ALB) caller waits for this invocation's answer: once
+        # its own event ran, nothing else runs before it is given (the policy hands off).
+        self.waits = guard.policy.waits(self.event)
 
     def flow(self) -> Flow:
         if self.context is None:
@@ -117,6 +120,8 @@ class Invocation:
         return responses.chain_result(self.event, key, own.id, outcome, own_event=own_event)
 
     def _receive(self, envelope: Envelope) -> Flow:
+        # An envelope comes by async Invoke or SQS, whatever the setting says: nobody waits.
+        self.waits = False
         sent_at = self.clock()
         signal = self.guard.provider.claim_signal(
             envelope.key, envelope.owner, envelope.token, self.options.ttl_ms
@@ -239,12 +244,20 @@ class Invocation:
                         dead.append(signal)
                 if platform_retries and outcome.error is None:
                     primary_outcome = Outcome(error=error)
-            remote = not handle.settle() and self.place_next(longest_ms) == "remote"
+            answered = primary_outcome is not None
+            remote = not handle.settle() and self.place_next(longest_ms, answered) == "remote"
             drained: Drained | None = None
             drains = handed and not remote and not handle.lost and not unseen and self._drains()
             if error is None and drains:
                 drained = yield from drain(
-                    self, key, current, handle, renewer, primary=primary, longest_ms=longest_ms
+                    self,
+                    key,
+                    current,
+                    handle,
+                    renewer,
+                    primary=primary,
+                    longest_ms=longest_ms,
+                    answered=answered,
                 )
                 longest_ms, remote = drained.longest_ms, drained.remote
                 if drained.primary is not None:
@@ -320,14 +333,24 @@ class Invocation:
     def _partial_reports(self) -> bool:
         return bool(getattr(self.guard.provider, "partial_reports", False))
 
-    def place_next(self, longest_ms: float) -> str:
-        placement = self.guard.policy.place_next(self.context, longest_ms)
+    def place_next(self, longest_ms: float, answered: bool) -> str:
+        """Where the next signal runs (:meth:`HandoffPolicy.place_next`); ``answered``: the
+        invocation's own event (or the signal it was sent to run) has run."""
+        waiting = self.waits and answered
+        placement = self.guard.policy.place_next(self.context, longest_ms, answered=waiting)
         if placement == "inline, cannot dispatch":
-            self.telemetry.log(
-                logging.WARNING,
-                f'handoff="{self.options.handoff}" is not possible '
-                "without a Lambda context; running the next signal inline",
-            )
+            if waiting and self.options.handoff == "auto":
+                why = (
+                    "the caller waits for this invocation's answer, but the next signal cannot "
+                    "be handed off without a Lambda context naming the function (or queue_url);"
+                    " running it inline before answering"
+                )
+            else:
+                why = (
+                    f'handoff="{self.options.handoff}" is not possible '
+                    "without a Lambda context; running the next signal inline"
+                )
+            self.telemetry.log(logging.WARNING, why)
         return placement
 
     def _lost_before_handoff(

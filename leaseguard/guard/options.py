@@ -34,6 +34,8 @@ class GuardOptions:
     renew_every_ms: int
     handoff: Handoff = "auto"
     handoff_margin_ms: int = DEFAULT_HANDOFF_MARGIN_MS
+    # None: from the event (HTTP sources wait); True/False: every invocation's caller does/not
+    caller_waits: bool | None = None
     queue_url: str | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     retry_delay_ms: int = 0  # 0: a failed signal runs again at once (see .retries)
@@ -57,6 +59,7 @@ class GuardOptions:
         renew_every_ms: int | None,
         handoff: str,
         handoff_margin_ms: int,
+        caller_waits: bool | None = None,
         queue_url: str | None,
         max_attempts: int | None,
         max_queue: int | None,
@@ -107,6 +110,11 @@ class GuardOptions:
             raise ConfigurationError(f"handoff must be one of {HANDOFF_MODES}, got {handoff!r}")
         if handoff == "sqs" and not queue_url:
             raise ConfigurationError('handoff="sqs" needs queue_url (the queue to hand off to)')
+        if caller_waits is not None and not isinstance(caller_waits, bool):
+            raise ConfigurationError(
+                f"@lease_owned on {name}: caller_waits must be True, False or None, "
+                f"got {caller_waits!r}"
+            )
         if on_poison not in ON_POISON:
             raise ConfigurationError(f"on_poison must be one of {ON_POISON}, got {on_poison!r}")
         return cls(
@@ -114,6 +122,7 @@ class GuardOptions:
             renew_every_ms=every,
             handoff=cast(Handoff, handoff),
             handoff_margin_ms=handoff_margin_ms,
+            caller_waits=caller_waits,
             queue_url=queue_url,
             max_attempts=attempts,
             retry_delay_ms=retry_delay_ms,

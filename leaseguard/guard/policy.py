@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from leaseguard.events import caller_waits
 from leaseguard.handoff import DelayedDispatcher, Dispatcher, InvokeDispatcher, SqsDispatcher
 
 from .options import GuardOptions
@@ -16,16 +17,26 @@ class HandoffPolicy:
 
     ``"auto"`` runs the next signal inline while the deadline leaves the margin plus the longest
     run so far (the next run may well take as long as the slowest one did), else hands it off by
-    SQS when ``queue_url`` is set or by an async Invoke of this function. ``"invoke"`` and
-    ``"sqs"`` always hand off, ``"inline"`` never does.
+    SQS when ``queue_url`` is set or by an async Invoke of this function. Once the invocation's
+    own event has run and its caller waits for the answer (:meth:`waits`), ``"auto"`` hands off
+    whatever the deadline: running other callers' events inline would hold that answer back.
+    ``"invoke"`` and ``"sqs"`` always hand off, ``"inline"`` never does.
     """
 
     def __init__(self, options: GuardOptions) -> None:
         self.mode = options.handoff
         self.margin_ms = options.handoff_margin_ms
+        self.caller_waits = options.caller_waits
         self.queue_url = options.queue_url
         self.lambda_client = options.lambda_client
         self.sqs_client = options.sqs_client
+
+    def waits(self, event: Any) -> bool:
+        """Whether the caller of an invocation of ``event`` waits for its answer: the
+        ``caller_waits`` setting, else the event's source (API Gateway, function URLs, ALB)."""
+        if self.caller_waits is not None:
+            return self.caller_waits
+        return caller_waits(event)
 
     def can_dispatch(self, context: Any) -> bool:
         """SQS is configured, or a Lambda context names this function (for the Invoke)."""
@@ -36,13 +47,14 @@ class HandoffPolicy:
         arn = getattr(context, "invoked_function_arn", None)
         return self.mode != "sqs" and isinstance(arn, str) and bool(arn)
 
-    def place_next(self, context: Any, longest_ms: float) -> Placement:
+    def place_next(self, context: Any, longest_ms: float, *, answered: bool = False) -> Placement:
         """Where the next signal runs; ``"inline, cannot dispatch"`` when the mode asks for a
-        new invocation that this context cannot make (the caller says so in the log)."""
+        new invocation that this context cannot make (the caller says so in the log).
+        ``answered``: the invocation's own event ran and its caller waits for the answer."""
+        hands_off = self.mode in ("invoke", "sqs") or (self.mode == "auto" and answered)
         if not self.can_dispatch(context):
-            forced = self.mode in ("invoke", "sqs")
-            return "inline, cannot dispatch" if forced else "inline"
-        if self.mode in ("invoke", "sqs"):
+            return "inline, cannot dispatch" if hands_off else "inline"
+        if hands_off:
             return "remote"
         remaining = remaining_ms(context)
         if remaining is not None and remaining - self.margin_ms <= longest_ms:

@@ -40,6 +40,9 @@ class Bounds:
     # the guard's retry_delay_ms, in ticks (0: a failed signal runs again at once): its retry
     # waits on an unclaimed grant that runs out (the explorer's dispatcher sends nothing late)
     retry_delay: int = 0
+    # the guard's caller_waits=True: every invocation's caller waits for its answer (an API
+    # Gateway request), so an owner hands off everything behind its own event at once
+    caller_waits: bool = False
 
 
 PRESETS = {
@@ -80,6 +83,11 @@ PRESETS["drain"] = Bounds(
     platform_retries=0,
     done_limit=2,
 )
+
+# make test and make model-check: owners whose caller waits (API Gateway) hand off whatever is
+# queued behind their own event, whatever the deadline: the small bound's faults over the hand-off
+# after every own run, and over an adopted chain that runs to the own event first
+PRESETS["waiting"] = replace(PRESETS["small"], caller_waits=True)
 
 # make test and make model-check: a Redis failover under replicas=N, over two events, with an
 # expiry (the failover fault is the one fault)

@@ -58,6 +58,7 @@ class Client(Invariants):
             max_queue=b.max_queue,
             drain_batch=b.drain_batch,
             retry_delay_ms=b.retry_delay * TICK_MS,
+            caller_waits=b.caller_waits,
             on_poison="halt" if b.halt else "skip",
             signal_id_fn=lambda event, context: str(event["id"]),
         )
@@ -112,6 +113,11 @@ class Client(Invariants):
         self.possessed(w, adv.possessed)
         if adv.misnamed and w.violation is None:
             w.violation = f"(m) the run of {adv.misnamed[0]}"
+        if adv.late and w.violation is None:
+            w.violation = (
+                f"(p) {a.aid}, whose caller waits, ran {adv.late[0]} after its own event "
+                "before answering"
+            )
         for envelope in adv.envelopes:
             self.deliver_later(w, ("env", envelope.key, envelope.owner, str(envelope.token)))
         if isinstance(wait, TimeLeftWait):

@@ -57,6 +57,7 @@ FAMILIES = {
     "failover": ("failover",),
     "dead": ("dead",),
     "dead-faults": ("dead",),
+    "waiting": ("core", "waiting"),
 }
 
 

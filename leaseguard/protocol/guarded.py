@@ -121,6 +121,9 @@ class Advance:
     # item when its run began, what a handler's take_signals returned when it returned
     possessed: tuple[str, ...] = ()
     succeeded: tuple[str, ...] = ()  # every run of this actor whose handler returned, so far
+    # runs an invocation whose caller waits began after its own event's run, before it answered
+    # (p): other callers' events it made that caller wait for
+    late: tuple[str, ...] = ()
 
 
 class ActorSpec(NamedTuple):
@@ -162,6 +165,9 @@ class _Replay:
         self.misnamed: list[str] = []
         self.possessed: list[str] = []
         self.succeeded: list[str] = []
+        self.own = spec.event if spec.kind == "inv" else None
+        self.own_ran = False  # the invocation's own event ran (in this replay, fresh or not)
+        self.late: list[str] = []
 
     @property
     def fresh(self) -> bool:
@@ -344,6 +350,7 @@ class GuardDriver:
             tuple(replay.misnamed),
             tuple(replay.possessed),
             tuple(replay.succeeded),
+            tuple(replay.late),
         )
 
     def _handler(self, event: Any, context: Any) -> str:
@@ -356,6 +363,9 @@ class GuardDriver:
             replay.held = []  # a new grant: what the last one held was reported
         replay.handle = handle
         replay.held.append(sid)
+        if replay.own_ran and self.options.caller_waits and replay.fresh:
+            replay.late.append(sid)
+        replay.own_ran = replay.own_ran or sid == replay.own
         if replay.fresh:
             replay.started.append(sid)
             if handle.owner != sid:  # the id a downstream write dedupes on (docs/safety.md)

@@ -11,7 +11,9 @@
     dead letter starts; (j) no forward is queued past ``max_queue``; (n) no key holds more
     than ``dead_limit`` dead letters, and a failure past that bound keeps its signal queued on
     the halted key; (o) with a retry delay, a signal sent back to the queue by a failed run
-    starts again only after the delay's low end.
+    starts again only after the delay's low end; (p) an invocation whose caller waits
+    (``caller_waits``) starts no other event's run after its own event's, so that caller is
+    answered after its own run.
 
 Most are checked where the step that could break them happens (a run starting, a grant, a
 reply delivered); (a) and (g) on every state; (c) on quiescent states only.

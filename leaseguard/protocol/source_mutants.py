@@ -142,6 +142,11 @@ GUARD_MUTANTS: tuple[tuple[str, str, SourceChange], ...] = (
         ),
     ),
     (
+        "guard-waiting-caller-drains-inline",
+        "waiting",
+        SourceChange(FLOW, "waiting = self.waits and answered", "waiting = False"),
+    ),
+    (
         "guard-full-forward-dropped",
         "queue",
         SourceChange(
