@@ -722,7 +722,7 @@ def test_an_own_event_failing_on_every_platform_retry_is_dead_lettered(
 ) -> None:
     """Lambda (or SQS) retries a failed invocation with the same request id (message id): each
     delivery's failure counts, and the last one is dead-lettered on the key with its payload,
-    so the next retry is answered "duplicate" instead of failing forever."""
+    so the next retry is answered "dead_lettered" (not run) instead of failing forever."""
     ran: list[int] = []
 
     @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL, max_attempts=3)
@@ -741,4 +741,4 @@ def test_an_own_event_failing_on_every_platform_retry_is_dead_lettered(
     assert dead.id == context.aws_request_id and dead.attempts == 3
     assert dead.payload == {"k": "own", "n": 2} and "always fails" in dead.error
     again = handler({"k": "own", "n": 3}, context)  # a fourth delivery runs nothing
-    assert again["leaseguard"]["status"] == "duplicate" and len(ran) == 3
+    assert again["leaseguard"]["status"] == "dead_lettered" and len(ran) == 3

@@ -13,7 +13,7 @@ import pytest
 
 from leaseguard.errors import PayloadTooLarge, QueueFull
 from leaseguard.guard import GuardOptions, HandoffPolicy
-from leaseguard.guard.responses import Outcome, chain_result, queue_full, too_large
+from leaseguard.guard.responses import Outcome, Status, chain_result, queue_full, too_large
 from leaseguard.handoff import InvokeDispatcher, SqsDispatcher
 from leaseguard.testing import LambdaContext
 
@@ -76,11 +76,14 @@ def test_inline_never_dispatches_and_forced_modes_always_do() -> None:
 def test_api_gateway_never_gets_a_raw_body() -> None:
     # An adopted chain that stopped before the invocation's own event, and a failed queued
     # signal, both answer 202 with a JSON body; a raw dict would make a REST API answer 502.
-    for outcome, status in [
-        (None, "queued"),
-        (Outcome(error=RuntimeError("boom")), "failed, retried from queue"),
+    failed = Outcome(error=RuntimeError("boom"))
+    for outcome, fate, status in [
+        (None, Status.RETRIED, "queued"),
+        (failed, Status.RETRIED, "retried"),
+        (failed, Status.DEAD_LETTERED, "dead_lettered"),
+        (failed, Status.HALTED, "halted"),
     ]:
-        answer = chain_result(API_EVENT, "k", "sig", outcome, own_event=False)
+        answer = chain_result(API_EVENT, "k", "sig", outcome, own_event=False, fate=fate)
         assert answer["statusCode"] == 202
         assert json.loads(answer["body"])["leaseguard"]["status"] == status
     assert chain_result(API_EVENT, "k", "sig", Outcome(value={"ok": 1}), own_event=True) == {

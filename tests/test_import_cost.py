@@ -81,6 +81,7 @@ GUARD_CHAIN = frozenset(
         "leaseguard.guard.policy",
         "leaseguard.guard.responses",
         "leaseguard.guard.retries",
+        "leaseguard.guard.tracebacks",
         "leaseguard.handoff",
         "leaseguard.lazy",
         "leaseguard.observability",

@@ -31,6 +31,7 @@ from .failures import UnfinishedRuns
 from .handler import GuardedHandler
 from .options import DEFAULT_HANDOFF_MARGIN_MS, HANDOFF_MODES, GuardOptions, Handoff
 from .policy import HandoffPolicy
+from .responses import Status
 
 __all__ = [
     "DEFAULT_HANDOFF_MARGIN_MS",
@@ -40,6 +41,7 @@ __all__ = [
     "Handoff",
     "HandoffPolicy",
     "QueueProvider",
+    "Status",
     "UnfinishedRuns",
     "lease_owned",
 ]

@@ -132,17 +132,34 @@ def lease_owned(
 
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                __tracebackhide__ = True  # pytest hides this frame
                 check_not_inside_idempotency(guard, guard.name)  # before the backend is touched
-                call = Call.capture(guard.name, args, kwargs)
-                return await drive_async(fn, Invocation(guard, call))
+                invocation = Invocation(guard, Call.capture(guard.name, args, kwargs))
+                try:
+                    return await drive_async(fn, invocation)
+                except Exception as exc:
+                    handler_tb = invocation.handler_errors.traceback_of(exc)
+                    if handler_tb is None:
+                        raise
+                    # the same exception, cause and context: only the guard's frames are cut
+                    raise exc.with_traceback(handler_tb)  # noqa: B904
 
             async_wrapper.__leaseguard__ = guard  # type: ignore[attr-defined]
             return cast(F, async_wrapper)
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True  # pytest hides this frame
             check_not_inside_idempotency(guard, guard.name)  # before the backend is touched
-            return drive_sync(fn, Invocation(guard, Call.capture(guard.name, args, kwargs)))
+            invocation = Invocation(guard, Call.capture(guard.name, args, kwargs))
+            try:
+                return drive_sync(fn, invocation)
+            except Exception as exc:
+                handler_tb = invocation.handler_errors.traceback_of(exc)
+                if handler_tb is None:
+                    raise
+                # the same exception, cause and context: only the guard's frames are cut
+                raise exc.with_traceback(handler_tb)  # noqa: B904
 
         wrapper.__leaseguard__ = guard  # type: ignore[attr-defined]
         return cast(F, wrapper)

@@ -27,6 +27,7 @@ def drive_sync(fn: Callable[..., Any], invocation: Invocation) -> Any:
                 with _run_scope(invocation, request) as (args, kwargs):
                     outcome = Outcome(value=fn(*args, **kwargs))
             except Exception as exc:
+                invocation.handler_errors.note(exc)
                 outcome = Outcome(error=exc)
             request = flow.send(outcome)
     except StopIteration as done:
@@ -48,6 +49,7 @@ async def drive_async(fn: Callable[..., Any], invocation: Invocation) -> Any:
                 with _run_scope(invocation, request) as (args, kwargs):
                     outcome = Outcome(value=await fn(*args, **kwargs))
             except Exception as exc:
+                invocation.handler_errors.note(exc)
                 outcome = Outcome(error=exc)
             request, result = await asyncio.to_thread(_step, flow, outcome)
         return result

@@ -64,7 +64,7 @@ class FailureReporter:
 
     def reported_dead(
         self, provider: QueueProvider, key: str, dead: list[Signal], error: BaseException
-    ) -> None:
+    ) -> set[str]:
         """After the hand-off that reported ``dead`` at their last attempt: those the key now
         holds as dead letters are counted (``SignalDeadLettered``) and copied to
         ``dead_letter_queue_url``; any the key kept at the head of its queue instead, its
@@ -72,7 +72,7 @@ class FailureReporter:
         ``SignalKeptHalted`` and said so: the key is halted until a redrive, and nothing went
         to the dead-letter queue. One read of the key, only on this rare path; when it fails
         (or a provider of another package has no ``inspect_key``) they are counted as
-        dead-lettered (what the report asked for) and copied."""
+        dead-lettered (what the report asked for) and copied. The ids dead-lettered."""
         inspect = getattr(provider, "inspect_key", None)
         try:
             if inspect is None:
@@ -102,6 +102,7 @@ class FailureReporter:
                 error=describe(error),
             )
         self.send_dead_letters(key, lettered, error)
+        return {signal.id for signal in lettered}
 
     def send_dead_letters(self, key: str, dead: list[Signal], error: BaseException) -> None:
         """Copies of what was just dead-lettered on the key, to ``dead_letter_queue_url``. The

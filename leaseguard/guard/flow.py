@@ -24,7 +24,8 @@ from .call import Call
 from .drain import Drained, drain
 from .failures import UnfinishedRuns, describe
 from .handler import GuardedHandler
-from .responses import Outcome, Run
+from .responses import Outcome, Run, Status
+from .tracebacks import HandlerErrors
 
 Flow = Generator[Run, Outcome, Any]
 
@@ -43,6 +44,12 @@ class Invocation:
         # An API Gateway (or function URL, ALB) caller waits for this invocation's answer: once
         # its own event ran, nothing else runs before it is given (the policy hands off).
         self.waits = guard.policy.waits(self.event)
+        # What the hand-off's report did with the primary signal if its run failed: retried from
+        # the queue unless the report dead-lettered it (or kept it on the halted key).
+        self.fate = Status.RETRIED
+        # What the handler raised (the driver notes each): re-raised to the caller without the
+        # guard's frames in front of the handler's (tracebacks.py).
+        self.handler_errors = HandlerErrors()
 
     def flow(self) -> Flow:
         if self.context is None:
@@ -88,11 +95,10 @@ class Invocation:
             return responses.too_large(self.event, large)
         if not result.acquired and result.position is None:
             # Already in flight (its owner runs it, or this is a second delivery of the event
-            # that owns the key): running it here would run it twice.
+            # that owns the key), done, or dead-lettered: running it here would run it again.
             self.telemetry.count("DuplicateDelivery")
-            return responses.forwarded(
-                self.event, key, own.id, result.owner, None, status="duplicate"
-            )
+            status = self._settled(key, own.id, result.owner)
+            return responses.forwarded(self.event, key, own.id, result.owner, None, status=status)
         if not result.acquired:
             self.telemetry.count("LeaseForwarded")
             # DEBUG: a busy key forwards most of its events, and one INFO line each cost the
@@ -117,7 +123,9 @@ class Invocation:
         first = result.adopted or replace(own, token=result.token, attempts=result.attempts)
         own_event = result.adopted is None
         outcome = yield from self._chain(key, first, sent_at, primary=own.id, own_event=own_event)
-        return responses.chain_result(self.event, key, own.id, outcome, own_event=own_event)
+        return responses.chain_result(
+            self.event, key, own.id, outcome, own_event=own_event, fate=self.fate
+        )
 
     def _receive(self, envelope: Envelope) -> Flow:
         # An envelope comes by async Invoke or SQS, whatever the setting says: nobody waits.
@@ -139,7 +147,9 @@ class Invocation:
         self.telemetry.count("LeaseAcquired")
         key = envelope.key
         outcome = yield from self._chain(key, signal, sent_at, primary=signal.id, own_event=False)
-        return responses.chain_result(self.event, key, signal.id, outcome, own_event=False)
+        return responses.chain_result(
+            self.event, key, signal.id, outcome, own_event=False, fate=self.fate
+        )
 
     def _chain(
         self, key: str, first: Signal, sent_at: float, *, primary: str, own_event: bool
@@ -300,7 +310,9 @@ class Invocation:
                 self._lost_before_handoff(handle, lost, provider)
                 break
             if dead and error is not None:
-                self.guard.failures.reported_dead(provider, key, dead, error)
+                lettered = self.guard.failures.reported_dead(provider, key, dead, error)
+                if any(signal.id == primary for signal in dead):
+                    self.fate = Status.DEAD_LETTERED if primary in lettered else Status.HALTED
             if nxt is None:
                 break
             telemetry.count("LeaseHandedOff")
@@ -322,6 +334,29 @@ class Invocation:
                 nxt = claimed
             current, handed = nxt, True
         return primary_outcome
+
+    def _settled(self, key: str, signal_id: str, holder: str | None) -> Status:
+        """Why an event was not queued again: :attr:`Status.DEAD_LETTERED` when it is one of
+        the key's dead letters (a platform retry of an own event whose last attempt failed),
+        else :attr:`Status.DUPLICATE` (running, or done). The backend's answer does not tell
+        the two apart, so this reads the key, only on this rare path and not for a second
+        delivery of the owner itself; a read that fails answers duplicate."""
+        if holder == signal_id:
+            return Status.DUPLICATE
+        inspect = getattr(self.guard.provider, "inspect_key", None)
+        try:
+            letters = inspect(key).dead_letters if inspect is not None else ()
+        except Exception as exc:  # a read for the answer's wording: nothing depends on it
+            self.telemetry.log(
+                logging.WARNING,
+                "could not read the key's dead letters; answering duplicate",
+                lease_key=key,
+                error=str(exc),
+            )
+            return Status.DUPLICATE
+        if any(letter.id == signal_id for letter in letters):
+            return Status.DEAD_LETTERED
+        return Status.DUPLICATE
 
     def _drains(self) -> bool:
         """Whether owners run batches behind their runs (docs/protocol.md, row G8): a provider

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from leaseguard.errors import PayloadTooLarge, QueueFull
@@ -15,6 +16,36 @@ from leaseguard.events import forwarded_response, is_api_gateway
 
 if TYPE_CHECKING:
     from leaseguard.renewal import LeaseHandle
+
+
+class Status(StrEnum):
+    """The ``status`` of a ``{"leaseguard": {...}}`` answer: one stable word each, the table in
+    docs/design.md ("Statuses"). A member equals its string (``Status.FORWARDED ==
+    "forwarded"``); answers carry the plain string."""
+
+    FORWARDED = "forwarded"
+    """Queued behind the key's owner, at ``position``; it runs later (HTTP 202)."""
+    QUEUED = "queued"
+    """This invocation ran a dead owner's work first and stopped before its own event, which
+    stays queued and runs later (HTTP 202)."""
+    DUPLICATE = "duplicate"
+    """A redelivery of an event that is running or already ran: not run again (HTTP 202)."""
+    DEAD_LETTERED = "dead_lettered"
+    """The event is one of the key's dead letters (its ``max_attempts`` runs failed): a retry of
+    it, or the hand-off run that failed its last attempt. Not run again unless redriven."""
+    RETRIED = "retried"
+    """A hand-off run of a queued event failed: it goes back to the head of the key's queue."""
+    HALTED = "halted"
+    """A hand-off run failed its last attempt and the key's dead-letter list was full: kept at
+    the head of the queue, the key halted until a redrive."""
+    QUEUE_FULL = "queue_full"
+    """Refused: the key's queue is at ``max_queue`` (or its storage is full). HTTP 429 for API
+    Gateway; other sources get :class:`~leaseguard.errors.QueueFull` raised."""
+    TOO_LARGE = "too_large"
+    """Refused: the event is over the payload limit. HTTP 413 for API Gateway; other sources
+    get :class:`~leaseguard.errors.PayloadTooLarge` raised."""
+    REJECTED = "rejected"
+    """A hand-off envelope that is malformed, stale, replayed or forged: nothing ran."""
 
 
 @dataclass(frozen=True)
@@ -39,12 +70,13 @@ def forwarded(
     signal_id: str,
     holder: str | None,
     position: int | None,
-    status: str = "forwarded",
+    status: Status = Status.FORWARDED,
 ) -> Any:
-    """The event waits in the key's queue (or is already in flight: ``"duplicate"``)."""
+    """The event waits in the key's queue (or was not queued again: :attr:`Status.DUPLICATE`,
+    :attr:`Status.DEAD_LETTERED`)."""
     body = {
         "leaseguard": {
-            "status": status,
+            "status": status.value,
             "key": key,
             "signal_id": signal_id,
             "holder": holder,
@@ -57,7 +89,7 @@ def forwarded(
 def rejected(reason: str, key: str | None = None) -> dict[str, Any]:
     """A hand-off envelope that cannot be claimed. Only Lambda's async Invoke and SQS deliver
     envelopes, so this is never an API Gateway response."""
-    body: dict[str, Any] = {"status": "rejected", "reason": reason}
+    body: dict[str, Any] = {"status": Status.REJECTED.value, "reason": reason}
     if key is not None:
         body["key"] = key
     return {"leaseguard": body}
@@ -69,7 +101,7 @@ def queue_full(event: Any, full: QueueFull) -> Any:
     if not is_api_gateway(event):
         raise full
     answer: dict[str, Any] = {
-        "status": "queue full",
+        "status": Status.QUEUE_FULL.value,
         "key": full.key,
         "depth": full.depth,
         "max_queue": full.limit,
@@ -83,26 +115,34 @@ def too_large(event: Any, large: PayloadTooLarge) -> Any:
     """HTTP 413 for API Gateway; any other source gets the error."""
     if not is_api_gateway(event):
         raise large
-    return http(413, {"leaseguard": {"status": "too large", "reason": str(large)}})
+    answer = {"status": Status.TOO_LARGE.value, "reason": str(large)}
+    return http(413, {"leaseguard": answer})
 
 
 def chain_result(
-    event: Any, key: str, primary: str, outcome: Outcome | None, *, own_event: bool
+    event: Any,
+    key: str,
+    primary: str,
+    outcome: Outcome | None,
+    *,
+    own_event: bool,
+    fate: Status = Status.RETRIED,
 ) -> Any:
     """The invocation's answer once its chain of runs ended. ``outcome`` is the run of
     ``primary`` (the invocation's own event, or the signal it was sent to run), ``None`` when the
     chain stopped before reaching it. A failed own event re-raises, so the platform retries it;
-    a failed queued signal is the backend's to retry or dead-letter, and re-raising would only
-    make Lambda resend a spent envelope."""
+    a failed queued signal is the backend's to retry or dead-letter (``fate``: what the
+    hand-off's report did with it), and re-raising would only make Lambda resend a spent
+    envelope."""
     if outcome is None:
         # An adopted chain that stopped before this invocation's own event: that event stays
         # queued and runs later, like any forwarded one.
-        return forwarded(event, key, primary, None, None, status="queued")
+        return forwarded(event, key, primary, None, None, status=Status.QUEUED)
     if outcome.error is None:
         return outcome.value
     if own_event:
         raise outcome.error
-    return forwarded(event, key, primary, None, None, status="failed, retried from queue")
+    return forwarded(event, key, primary, None, None, status=fate)
 
 
 def http(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
