@@ -77,6 +77,7 @@ GUARD_CHAIN = frozenset(
         "leaseguard.guard.failures",
         "leaseguard.guard.flow",
         "leaseguard.guard.handler",
+        "leaseguard.guard.lost",
         "leaseguard.guard.options",
         "leaseguard.guard.policy",
         "leaseguard.guard.responses",

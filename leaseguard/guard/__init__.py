@@ -20,8 +20,9 @@ run to a driver; the sync and the async wrappers are two drivers of the same flo
 The parts: :mod:`.options` (the decorator's settings), :mod:`.handler` (one guarded handler:
 key function, provider, policy), :mod:`.call` (how the handler was called), :mod:`.flow` (the
 steps above), :mod:`.policy` (inline or hand off), :mod:`.failures` (failed runs and dead
-letters), :mod:`.responses` (what the event source gets back), :mod:`.drivers` (sync and async)
-and :mod:`.decorator`.
+letters), :mod:`.lost` (a lease lost under the flow), :mod:`.responses` (what the event source
+gets back, and its :class:`Status` words), :mod:`.drivers` (sync and async), :mod:`.tracebacks`
+(the guard's frames out of the handler's exceptions) and :mod:`.decorator`.
 """
 
 from leaseguard.types import QueueProvider

@@ -17,6 +17,7 @@ from leaseguard.observability import Telemetry
 from leaseguard.types import QueueProvider, Signal, now_ms
 
 from .options import GuardOptions
+from .responses import Status
 
 _log = logging.getLogger("leaseguard")
 
@@ -103,6 +104,31 @@ class FailureReporter:
             )
         self.send_dead_letters(key, lettered, error)
         return {signal.id for signal in lettered}
+
+    def not_requeued(
+        self, provider: QueueProvider, key: str, signal_id: str, holder: str | None
+    ) -> Status:
+        """Why a forward of ``signal_id`` was not queued again: :attr:`Status.DEAD_LETTERED`
+        when it is one of the key's dead letters (a platform retry of an own event whose last
+        attempt failed), else :attr:`Status.DUPLICATE` (running, or done). The backend's answer
+        does not tell the two apart, so this reads the key, only on this rare path and not for
+        a second delivery of the owner itself; a read that fails answers duplicate."""
+        if holder == signal_id:
+            return Status.DUPLICATE
+        inspect = getattr(provider, "inspect_key", None)
+        try:
+            letters = inspect(key).dead_letters if inspect is not None else ()
+        except Exception as exc:  # a read for the answer's wording: nothing depends on it
+            self.telemetry.log(
+                logging.WARNING,
+                "could not read the key's dead letters; answering duplicate",
+                lease_key=key,
+                error=str(exc),
+            )
+            return Status.DUPLICATE
+        if any(letter.id == signal_id for letter in letters):
+            return Status.DEAD_LETTERED
+        return Status.DUPLICATE
 
     def send_dead_letters(self, key: str, dead: list[Signal], error: BaseException) -> None:
         """Copies of what was just dead-lettered on the key, to ``dead_letter_queue_url``. The

@@ -11,19 +11,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Generator
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from leaseguard.errors import LeaseBackendError, LeaseLostError, PayloadTooLarge, QueueFull
 from leaseguard.events import as_json, rebuild_like
 from leaseguard.handoff import Envelope, InvalidEnvelope, parse_envelope
 from leaseguard.renewal import LeaseHandle, LeaseRenewer
-from leaseguard.types import QueueProvider, Signal, now_ms
+from leaseguard.types import Signal, now_ms
 
 from . import responses, retries
 from .call import Call
 from .drain import Drained, drain
 from .failures import UnfinishedRuns, describe
 from .handler import GuardedHandler
+from .lost import lost_before_handoff, lost_callback
 from .responses import Outcome, Run, Status
 from .tracebacks import HandlerErrors
 
@@ -97,7 +99,7 @@ class Invocation:
             # Already in flight (its owner runs it, or this is a second delivery of the event
             # that owns the key), done, or dead-lettered: running it here would run it again.
             self.telemetry.count("DuplicateDelivery")
-            status = self._settled(key, own.id, result.owner)
+            status = self.guard.failures.not_requeued(provider, key, own.id, result.owner)
             return responses.forwarded(self.event, key, own.id, result.owner, None, status=status)
         if not result.acquired:
             self.telemetry.count("LeaseForwarded")
@@ -186,7 +188,7 @@ class Invocation:
                 current.id,
                 current.token,
                 options.ttl_ms,
-                on_lost=self._lost_callback,
+                on_lost=partial(lost_callback, self.telemetry, self.options.on_lost),
                 sent_at=sent_at,
                 clock=self.clock,
             )
@@ -307,7 +309,7 @@ class Invocation:
                     key, current.id, ttl, claim=claim, token=handle.token, **report
                 )
             except LeaseLostError as lost:
-                self._lost_before_handoff(handle, lost, provider)
+                lost_before_handoff(self.telemetry, handle, lost, provider)
                 break
             if dead and error is not None:
                 lettered = self.guard.failures.reported_dead(provider, key, dead, error)
@@ -334,29 +336,6 @@ class Invocation:
                 nxt = claimed
             current, handed = nxt, True
         return primary_outcome
-
-    def _settled(self, key: str, signal_id: str, holder: str | None) -> Status:
-        """Why an event was not queued again: :attr:`Status.DEAD_LETTERED` when it is one of
-        the key's dead letters (a platform retry of an own event whose last attempt failed),
-        else :attr:`Status.DUPLICATE` (running, or done). The backend's answer does not tell
-        the two apart, so this reads the key, only on this rare path and not for a second
-        delivery of the owner itself; a read that fails answers duplicate."""
-        if holder == signal_id:
-            return Status.DUPLICATE
-        inspect = getattr(self.guard.provider, "inspect_key", None)
-        try:
-            letters = inspect(key).dead_letters if inspect is not None else ()
-        except Exception as exc:  # a read for the answer's wording: nothing depends on it
-            self.telemetry.log(
-                logging.WARNING,
-                "could not read the key's dead letters; answering duplicate",
-                lease_key=key,
-                error=str(exc),
-            )
-            return Status.DUPLICATE
-        if any(letter.id == signal_id for letter in letters):
-            return Status.DEAD_LETTERED
-        return Status.DUPLICATE
 
     def _drains(self) -> bool:
         """Whether owners run batches behind their runs (docs/protocol.md, row G8): a provider
@@ -388,25 +367,6 @@ class Invocation:
             self.telemetry.log(logging.WARNING, why)
         return placement
 
-    def _lost_before_handoff(
-        self, handle: LeaseHandle, lost: LeaseLostError, provider: QueueProvider
-    ) -> None:
-        # No holder at all: the lease expired, or the backend lost it (a Redis restart without
-        # persistence), and then whatever was queued behind it went too.
-        vanished = " (the key has no owner: expired, or lost by the backend)"
-        handle.mark_lost(
-            "the lease expired or moved before the handoff" + ("" if lost.holder else vanished)
-        )
-        self.telemetry.count("LeaseLost")
-        self.telemetry.log(
-            logging.ERROR,
-            "lease lost before the handoff; not handing off",
-            lease_key=handle.key,
-            lease_owner=handle.owner,
-            lease_holder=lost.holder,
-            pending_signals=_pending_or_none(provider, handle.key),
-        )
-
     def _dispatch(self, envelope: Envelope) -> None:
         try:
             self.guard.policy.dispatcher(self.context).dispatch(envelope)
@@ -424,23 +384,3 @@ class Invocation:
             )
             return
         self.telemetry.count("HandoffDispatched")
-
-    def _lost_callback(self, handle: LeaseHandle) -> None:
-        self.telemetry.log(
-            logging.WARNING,
-            "lease lost",
-            lease_key=handle.key,
-            lease_owner=handle.owner,
-            reason=handle.lost_reason,
-        )
-        if self.options.on_lost is not None:
-            self.options.on_lost(handle)
-
-
-def _pending_or_none(provider: QueueProvider, key: str) -> int | None:
-    """How many signals still wait on ``key``, for a log line (``None`` if the backend cannot
-    say): after a lost lease it tells an operator whether work was left behind or lost."""
-    try:
-        return provider.pending_signals(key)
-    except Exception:
-        return None
