@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 import leaseguard
-from leaseguard import HandlerKeyError, InMemoryLeaseProvider, lease_owned
+from leaseguard import InMemoryLeaseProvider, lease_owned
+from leaseguard.errors import HandlerKeyError
 from leaseguard.testing import LambdaContext
 
 GUARD = str(Path(leaseguard.__file__).parent / "guard")
