@@ -78,7 +78,7 @@ from typing import Any
 
 import redis
 
-from leaseguard import current_lease, lease_owned
+from leaseguard import HandoffConfig, current_lease, lease_owned
 from leaseguard.providers.redis import RedisLeaseProvider
 from leaseguard.providers.redis.scripts import SCRIPTS
 from leaseguard.testing import LambdaContext, RedisServer
@@ -131,7 +131,9 @@ def worker(index: int, url: str, prefix: str, conn: Connection, barrier: Any) ->
         if size not in drained:
 
             @lease_owned(
-                lambda event: event["key"], provider=provider, handoff="inline", drain_batch=size
+                lambda event: event["key"],
+                provider=provider,
+                handoff=HandoffConfig("inline", drain_batch=size),
             )
             def batch_handler(event: dict[str, Any], context: Any) -> None:
                 ran.append(event["id"])
@@ -660,7 +662,11 @@ def owner_drain_us(
     key = f"drain{uuid.uuid4().hex[:8]}"
     marks: dict[str, float] = {}
 
-    @lease_owned(lambda e: e["key"], provider=provider, handoff="inline", drain_batch=batch or None)
+    @lease_owned(
+        lambda e: e["key"],
+        provider=provider,
+        handoff=HandoffConfig("inline", drain_batch=batch or None),
+    )
     def handler(event: dict[str, Any], context: Any) -> None:
         if event["id"] == -1:
             for i in range(n):

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
         PayloadTooLarge,
         QueueFull,
     )
-    from .guard import lease_owned
+    from .guard import HandoffConfig, RetryConfig, lease_owned
     from .providers import DynamoDBLeaseProvider, InMemoryLeaseProvider, RedisLeaseProvider
     from .renewal import LeaseHandle, NoActiveLease, current_lease
     from .types import Signal
@@ -34,6 +34,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigurationError",
     "DynamoDBLeaseProvider",
+    "HandoffConfig",
     "InMemoryLeaseProvider",
     "LeaseBackendError",
     "LeaseHandle",
@@ -43,6 +44,7 @@ __all__ = [
     "PayloadTooLarge",
     "QueueFull",
     "RedisLeaseProvider",
+    "RetryConfig",
     "Signal",
     "current_lease",
     "lease_owned",
@@ -52,6 +54,7 @@ __all__ = [
 _EXPORTS = {
     "ConfigurationError": "errors",
     "DynamoDBLeaseProvider": "providers.dynamodb",
+    "HandoffConfig": "guard",
     "InMemoryLeaseProvider": "providers.memory",
     "LeaseBackendError": "errors",
     "LeaseHandle": "renewal",
@@ -61,6 +64,7 @@ _EXPORTS = {
     "PayloadTooLarge": "errors",
     "QueueFull": "errors",
     "RedisLeaseProvider": "providers.redis",
+    "RetryConfig": "guard",
     "Signal": "types",
     "current_lease": "renewal",
     "lease_owned": "guard",

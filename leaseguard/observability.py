@@ -10,7 +10,7 @@
   ``OldestQueuedAgeMs`` (how long a key's oldest queued event had waited when it was granted
   the key: at each hand-off, adoption and batch take, and for each key a sweeper pass
   adopts, with ``OrphanAdopted``), ``RetryDelayed`` (a failed event that waits its
-  ``retry_delay_ms``), ``LeaseWaitMs``, ``LeaseHoldMs``, and the rarer
+  retry delay), ``LeaseWaitMs``, ``LeaseHoldMs``, and the rarer
   ``DuplicateDelivery``, ``HandoffDispatched``, ``HandoffFailed``, ``HandoffRejected``,
   ``DeadLetterSendFailed``. They go to the ``Metrics`` you pass, or, when
   ``POWERTOOLS_METRICS_NAMESPACE`` is set, to an ``EphemeralMetrics`` that leaseguard flushes at

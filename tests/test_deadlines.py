@@ -28,7 +28,7 @@ from aws_lambda_powertools.utilities.batch.exceptions import UnexpectedBatchType
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from moto import mock_aws
 
-from leaseguard import InMemoryLeaseProvider, aws, current_lease, lease_owned
+from leaseguard import HandoffConfig, InMemoryLeaseProvider, aws, current_lease, lease_owned
 from leaseguard import config as config_module
 from leaseguard.batch import (
     current_lambda_context,
@@ -185,8 +185,7 @@ def test_record_handler_with_lambda_context_stops_before_the_deadline() -> None:
     @lease_owned(
         lambda record: record.json_body["orderId"],
         provider=provider,
-        handoff_margin_ms=margin,
-        lambda_client=stub,
+        handoff=HandoffConfig(margin_ms=margin, lambda_client=stub),
     )
     def record_handler(record: SQSRecord, lambda_context: Any) -> None:
         assert isinstance(record, SQSRecord)
@@ -210,7 +209,11 @@ def test_without_handle_envelopes_the_deadline_comes_from_the_batch_processor() 
     ``@handle_envelopes``: without it the envelope is not an SQS batch."""
     provider, stub, work = InMemoryLeaseProvider(), StubLambda(), Work()
 
-    @lease_owned(lambda record: record.json_body["orderId"], provider=provider, lambda_client=stub)
+    @lease_owned(
+        lambda record: record.json_body["orderId"],
+        provider=provider,
+        handoff=HandoffConfig(lambda_client=stub),
+    )
     def record_handler(record: SQSRecord) -> None:
         work(record.json_body, current_lambda_context())
 
@@ -264,9 +267,7 @@ def test_sqs_handoff_through_moto_queue_runs_the_rest(monkeypatch: pytest.Monkey
         @lease_owned(
             lambda record: record.json_body["orderId"],
             provider=provider,
-            queue_url=url,
-            sqs_client=sqs,
-            handoff_margin_ms=1_000,
+            handoff=HandoffConfig(queue_url=url, sqs_client=sqs, margin_ms=1_000),
         )
         def record_handler(record: SQSRecord) -> None:
             work(record.json_body)

@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 
-from leaseguard import ConfigurationError, LeaseBackendError, current_lease, lease_owned
+from leaseguard import (
+    ConfigurationError,
+    HandoffConfig,
+    LeaseBackendError,
+    RetryConfig,
+    current_lease,
+    lease_owned,
+)
 from leaseguard.providers.base import BaseLeaseProvider
 from leaseguard.testing import LambdaContext
 from leaseguard.types import Signal
@@ -76,7 +83,12 @@ def drain_behind_owner(
 ) -> dict[str, Any]:
     """``handler_fn`` guarded with ``options`` (key ``k``, TTL unless given): event 0 owns the
     key while 1..``queued`` are forwarded, then it drains them. The owner's result."""
-    guarded = lease_owned(lambda e: e["k"], provider=provider, **{"ttl_ms": TTL, **options})
+    handoff = HandoffConfig(drain_batch=options.pop("drain_batch", None))
+    retries = RetryConfig(max_attempts=options.pop("max_attempts", None))
+    guarded = lease_owned(
+        lambda e: e["k"], provider=provider, handoff=handoff, retries=retries,
+        **{"ttl_ms": TTL, **options},
+    )  # fmt: skip
     thread, result = queue_behind_owner(guarded(handler_fn), recorder, queued)
     recorder.gate.set()
     thread.join()
@@ -180,7 +192,9 @@ def test_what_a_take_moved_without_its_reply_goes_back_unrun(
 def test_an_owner_that_was_not_handed_the_key_takes_nothing(provider: BaseLeaseProvider) -> None:
     counting = TakeSpy(provider)
     recorder = Handler()
-    handler = lease_owned(lambda e: e["k"], provider=counting, ttl_ms=TTL, drain_batch=10)(recorder)
+    handler = lease_owned(
+        lambda e: e["k"], provider=counting, ttl_ms=TTL, handoff=HandoffConfig(drain_batch=10)
+    )(recorder)
     for n in range(3):  # uncontended: each acquires and releases, no round trip more
         assert handler({"k": "d", "n": n}, LambdaContext()) == "ok"
     assert counting.takes == 0
@@ -242,10 +256,7 @@ def test_a_drain_stops_before_the_deadline_and_hands_the_rest_off(
         lambda e: e["k"],
         provider=provider,
         ttl_ms=TTL,
-        drain_batch=10,
-        handoff="auto",
-        handoff_margin_ms=600,
-        lambda_client=stub,
+        handoff=HandoffConfig("auto", drain_batch=10, margin_ms=600, lambda_client=stub),
     )(recorder)
     context = LambdaContext(timeout_ms=2_000)
     thread, result = queue_behind_owner(handler, recorder, 8, context)
@@ -266,7 +277,7 @@ def test_a_drain_stops_before_the_deadline_and_hands_the_rest_off(
 @pytest.mark.parametrize("bad", [-1, 1_001, True, "3"])
 def test_a_bad_drain_batch_is_a_configuration_error(bad: Any) -> None:
     with pytest.raises(ConfigurationError, match="drain_batch"):
-        lease_owned("k", drain_batch=bad)(lambda event, context: None)
+        lease_owned("k", handoff=HandoffConfig(drain_batch=bad))(lambda event, context: None)
 
 
 def test_drain_batch_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -282,7 +293,9 @@ def test_an_async_handler_drains_the_same_way(provider: BaseLeaseProvider) -> No
     seen: list[tuple[int, int | None]] = []
     inside, gate = threading.Event(), threading.Event()
 
-    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL, drain_batch=10)
+    @lease_owned(
+        lambda e: e["k"], provider=provider, ttl_ms=TTL, handoff=HandoffConfig(drain_batch=10)
+    )
     async def handler(event: dict[str, Any], context: Any) -> str:
         seen.append((event["n"], current_lease().token))
         if event["n"] == 0:

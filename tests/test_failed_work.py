@@ -29,9 +29,11 @@ from moto import mock_aws
 
 from leaseguard import (
     ConfigurationError,
+    HandoffConfig,
     InMemoryLeaseProvider,
     PayloadTooLarge,
     QueueFull,
+    RetryConfig,
     Signal,
     current_lease,
     lease_owned,
@@ -155,7 +157,12 @@ def test_halt_keeps_strict_order_until_the_dead_letter_is_redriven(
     poison = {"bad": True}
     holder: Holder
 
-    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL, max_attempts=2, on_poison="halt")
+    @lease_owned(
+        lambda e: e["k"],
+        provider=provider,
+        ttl_ms=TTL,
+        retries=RetryConfig(max_attempts=2, on_poison="halt"),
+    )
     def handler(event: dict[str, Any], context: Any) -> Any:
         if event["n"] == "hold":
             holder.inside.set()
@@ -257,7 +264,9 @@ def test_a_signal_whose_runs_never_finish_is_dead_lettered_without_running_again
 ) -> None:
     ran: list[str] = []
 
-    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL, max_attempts=2)
+    @lease_owned(
+        lambda e: e["k"], provider=provider, ttl_ms=TTL, retries=RetryConfig(max_attempts=2)
+    )
     def handler(event: dict[str, Any], context: Any) -> str:
         ran.append(event["n"])
         return str(event["n"])
@@ -418,7 +427,9 @@ def test_an_unclaimed_grant_that_expires_three_times_keeps_its_attempts(
     its expiry charges nothing (via D1, Q6 and C4 alike); the late envelope then runs it."""
     ran: list[str] = []
 
-    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL, max_attempts=3)
+    @lease_owned(
+        lambda e: e["k"], provider=provider, ttl_ms=TTL, retries=RetryConfig(max_attempts=3)
+    )
     def handler(event: dict[str, Any], context: Any) -> Any:
         ran.append(event["n"])
         return str(event["n"])
@@ -523,9 +534,8 @@ def test_dead_letters_are_copied_to_the_dead_letter_queue(monkeypatch: Any) -> N
             lambda e: e["k"],
             provider=provider,
             ttl_ms=TTL,
-            max_attempts=1,
-            dead_letter_queue_url=url,
-            sqs_client=sqs,
+            handoff=HandoffConfig(sqs_client=sqs),
+            retries=RetryConfig(max_attempts=1, dead_letter_queue_url=url),
         )
         def handler(event: dict[str, Any], context: Any) -> str:
             if event["n"] == "hold":
@@ -567,10 +577,9 @@ def test_a_signal_kept_for_a_full_dead_letter_list_is_not_reported_dead_lettered
             lambda e: e["k"],
             provider=provider,
             ttl_ms=TTL,
-            max_attempts=1,
-            dead_letter_queue_url=url,
-            sqs_client=sqs,
             metrics=metrics,
+            handoff=HandoffConfig(sqs_client=sqs),
+            retries=RetryConfig(max_attempts=1, dead_letter_queue_url=url),
         )
         def handler(event: dict[str, Any], context: Any) -> str:
             raise ValueError(f"cannot parse {event['n']}")
@@ -596,7 +605,7 @@ def test_max_attempts_comes_from_the_environment(monkeypatch: Any) -> None:
         lease_owned("k", provider=InMemoryLeaseProvider())(lambda e, c: None)
     monkeypatch.delenv("LEASEGUARD_MAX_ATTEMPTS")
     with pytest.raises(ConfigurationError, match="on_poison"):
-        lease_owned("k", on_poison="stop")(lambda e, c: None)  # type: ignore[arg-type]
+        lease_owned("k", retries=RetryConfig(on_poison="stop"))(lambda e, c: None)  # type: ignore[arg-type]
 
 
 # -- fail closed ---------------------------------------------------------------------------------
@@ -696,8 +705,7 @@ def test_an_adopted_chain_that_hands_off_answers_api_gateway_with_202(
         lambda e: e["pathParameters"]["threadId"],
         provider=provider,
         ttl_ms=TTL,
-        handoff="invoke",
-        lambda_client=client,
+        handoff=HandoffConfig("invoke", lambda_client=client),
     )
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         ran.append(event["body"])
@@ -725,7 +733,9 @@ def test_an_own_event_failing_on_every_platform_retry_is_dead_lettered(
     so the next retry is answered "dead_lettered" (not run) instead of failing forever."""
     ran: list[int] = []
 
-    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL, max_attempts=3)
+    @lease_owned(
+        lambda e: e["k"], provider=provider, ttl_ms=TTL, retries=RetryConfig(max_attempts=3)
+    )
     def handler(event: dict[str, Any], context: Any) -> Any:
         ran.append(current_lease().token or 0)
         raise ValueError("always fails")

@@ -18,6 +18,7 @@ from botocore.stub import ANY, Stubber
 
 from leaseguard import (
     ConfigurationError,
+    HandoffConfig,
     LeaseBackendError,
     LeaseLostError,
     NoActiveLease,
@@ -105,7 +106,10 @@ def test_held_key_forwards_with_202_for_api_gateway(
     recorder = Recorder()
     client = RecordingLambda()
     guard = lease_owned(
-        "pathParameters.threadId", provider=provider, ttl_ms=TTL, lambda_client=client
+        "pathParameters.threadId",
+        provider=provider,
+        ttl_ms=TTL,
+        handoff=HandoffConfig(lambda_client=client),
     )
     handler = guard(recorder)
     owner = hold_in_background(handler, http_event("t1", "first"), recorder)
@@ -208,7 +212,7 @@ def test_bad_decorator_options_fail_at_decoration_time(provider: BaseLeaseProvid
         {"handoff": "carrier-pigeon"},
         {"handoff": "sqs"},
         {"provider": object()},
-        {"handoff_margin_ms": -1},
+        {"handoff": HandoffConfig(margin_ms=-1)},
     ):
         merged: dict[str, Any] = {"provider": provider, **options}
         with pytest.raises(ConfigurationError):
@@ -348,8 +352,7 @@ def test_invoke_handoff_payload_and_receiver(provider: BaseLeaseProvider) -> Non
         lambda e: e["k"],
         provider=provider,
         ttl_ms=TTL,
-        lambda_client=client,
-        handoff_margin_ms=5_000,
+        handoff=HandoffConfig(lambda_client=client, margin_ms=5_000),
     )
     def handler(event: dict[str, Any], context: Any) -> int:
         seen.append((event["n"], current_lease().token))
@@ -442,9 +445,7 @@ def test_sqs_handoff_sends_the_envelope_to_the_queue(provider: BaseLeaseProvider
         lambda e: e["k"],
         provider=provider,
         ttl_ms=TTL,
-        handoff="sqs",
-        queue_url=url,
-        sqs_client=client,
+        handoff=HandoffConfig("sqs", queue_url=url, sqs_client=client),
     )(recorder)
     owner = hold_in_background(handler, {"k": "q", "n": 0}, recorder)
     handler({"k": "q", "n": 1}, LambdaContext())
@@ -462,7 +463,10 @@ def test_failed_dispatch_leaves_the_grant_for_the_sweeper(provider: BaseLeasePro
     recorder = Recorder()
     ttl = short_ttl(provider)
     handler = lease_owned(
-        lambda e: e["k"], provider=provider, ttl_ms=ttl, handoff="invoke", lambda_client=client
+        lambda e: e["k"],
+        provider=provider,
+        ttl_ms=ttl,
+        handoff=HandoffConfig("invoke", lambda_client=client),
     )(recorder)
     owner = hold_in_background(handler, {"k": "s", "n": 0}, recorder)
     handler({"k": "s", "n": 1}, LambdaContext())
@@ -672,7 +676,7 @@ def test_a_context_without_a_function_arn_hands_off_inline(provider: BaseLeasePr
     make the guard call AWS."""
     recorder = Recorder()
     handler = lease_owned(
-        lambda e: e["k"], provider=provider, ttl_ms=TTL, handoff_margin_ms=60_000
+        lambda e: e["k"], provider=provider, ttl_ms=TTL, handoff=HandoffConfig(margin_ms=60_000)
     )(recorder)
     local = LambdaContext(timeout_ms=1_000, function_arn="")
     owner = threading.Thread(target=handler, args=({"k": "local", "n": 0}, local))

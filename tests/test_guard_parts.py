@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from leaseguard.errors import PayloadTooLarge, QueueFull
-from leaseguard.guard import GuardOptions, HandoffPolicy
+from leaseguard.guard import GuardOptions, HandoffConfig, HandoffPolicy, RetryConfig
 from leaseguard.guard.responses import Outcome, Status, chain_result, queue_full, too_large
 from leaseguard.handoff import InvokeDispatcher, SqsDispatcher
 from leaseguard.testing import LambdaContext
@@ -23,22 +23,23 @@ QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/handoff"
 
 
 def policy(**settings: Any) -> HandoffPolicy:
+    handoff = HandoffConfig(
+        settings.pop("handoff", "auto"),
+        margin_ms=settings.pop("handoff_margin_ms", 1_000),
+        queue_url=settings.pop("queue_url", None),
+        lambda_client=object(),
+        sqs_client=object(),
+    )
     options = GuardOptions.build(
         "handler",
         ttl_ms=3_000,
         renew_every_ms=None,
-        handoff=settings.pop("handoff", "auto"),
-        handoff_margin_ms=settings.pop("handoff_margin_ms", 1_000),
-        queue_url=settings.pop("queue_url", None),
-        max_attempts=None,
+        handoff=handoff,
+        retries=RetryConfig(),
         max_queue=None,
-        on_poison="skip",
-        dead_letter_queue_url=None,
         on_lost=None,
         on_signal_error=None,
         signal_id_fn=None,
-        lambda_client=object(),
-        sqs_client=object(),
     )
     assert not settings, settings
     return HandoffPolicy(options)

@@ -22,7 +22,13 @@ from aws_lambda_powertools.utilities.idempotency import (
 )
 from moto import mock_aws
 
-from leaseguard import ConfigurationError, InMemoryLeaseProvider, current_lease, lease_owned
+from leaseguard import (
+    ConfigurationError,
+    HandoffConfig,
+    InMemoryLeaseProvider,
+    current_lease,
+    lease_owned,
+)
 from leaseguard.stacking import RECOMMENDED_STACK
 from leaseguard.testing import LambdaContext
 
@@ -89,7 +95,7 @@ def test_the_recommended_stack_end_to_end(
         provider=provider,
         logger=logger,
         metrics=metrics,
-        lambda_client=client,
+        handoff=HandoffConfig(lambda_client=client),
     )
     @idempotent(persistence_store=persistence, config=config)
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from leaseguard import Signal, lease_owned
+from leaseguard import HandoffConfig, Signal, lease_owned
 from leaseguard.errors import QueueFull
 from leaseguard.handoff import Envelope, dispatch_orphans
 from leaseguard.providers.base import BaseLeaseProvider
@@ -124,7 +124,13 @@ def test_a_batch_drain_reports_the_age_of_each_take(provider: BaseLeaseProvider)
     gate, inside = threading.Event(), threading.Event()
     seen: list[Any] = []
 
-    @lease_owned(lambda e: e["k"], provider=provider, ttl_ms=TTL, drain_batch=3, metrics=metrics)
+    @lease_owned(
+        lambda e: e["k"],
+        provider=provider,
+        ttl_ms=TTL,
+        metrics=metrics,
+        handoff=HandoffConfig(drain_batch=3),
+    )
     def handler(event: dict[str, Any], context: Any) -> Any:
         seen.append(event["n"])
         if event["n"] == 0:

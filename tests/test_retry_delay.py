@@ -1,6 +1,6 @@
-"""Retries with a delay (``retry_delay_ms``, leaseguard/guard/retries.py): a failed forwarded
-event waits before its next run with no invocation waiting for it, on every backend and every
-hand-off path, and the wait is never charged as a run.
+"""Retries with a delay (``RetryConfig(delay_ms=...)``, leaseguard/guard/retries.py): a failed
+forwarded event waits before its next run with no invocation waiting for it, on every backend
+and every hand-off path, and the wait is never charged as a run.
 
 The model checker holds the guard's retry wait to invariant (o) (docs/protocol.md); these
 tests run it on the real backends: the wait on an unclaimed grant whose TTL is the delay (an
@@ -17,7 +17,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from leaseguard import ConfigurationError, lease_owned
+from leaseguard import ConfigurationError, HandoffConfig, RetryConfig, lease_owned
 from leaseguard.guard.retries import MAX_RETRY_DELAY_MS, retry_delay_ms
 from leaseguard.handoff import Envelope
 from leaseguard.providers.base import BaseLeaseProvider
@@ -31,13 +31,20 @@ def _by_name(event: dict[str, Any], context: Any) -> str:
     return str(event["n"])
 
 
-def _flaky(provider: BaseLeaseProvider, calls: list[str], **options: Any) -> Any:
+def _flaky(
+    provider: BaseLeaseProvider,
+    calls: list[str],
+    *,
+    delay_ms: int | None = None,
+    handoff: Any = "inline",
+) -> Any:
     """A guarded handler whose first run of ``s1`` raises; the owner ``o`` forwards ``s1``
     from inside its own run, so that ``s1`` is queued behind it and handed the key."""
+    retries = RetryConfig(max_attempts=3, delay_ms=delay_ms)
 
     @lease_owned(
-        lambda e: e["k"], provider=provider, ttl_ms=TTL, max_attempts=3, signal_id_fn=_by_name,
-        **options,
+        lambda e: e["k"], provider=provider, ttl_ms=TTL, signal_id_fn=_by_name, handoff=handoff,
+        retries=retries,
     )  # fmt: skip
     def handler(event: dict[str, Any], context: Any) -> Any:
         if "leaseguard_handoff" in event:
@@ -66,15 +73,15 @@ def test_the_delay_doubles_is_capped_and_jittered_deterministically() -> None:
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({"retry_delay_ms": -1}, "retry_delay_ms must be positive"),
-        ({"retry_delay_ms": MAX_RETRY_DELAY_MS + 1}, "retry_delay_ms must be at most"),
-        ({"retry_max_delay_ms": 0}, "retry_max_delay_ms must be positive"),
-        ({"retry_delay_ms": 1.5}, "retry_delay_ms must be an int"),
+        ({"delay_ms": -1}, "retry delay_ms must be positive"),
+        ({"delay_ms": MAX_RETRY_DELAY_MS + 1}, "retry delay_ms must be at most"),
+        ({"max_delay_ms": 0}, "retry max_delay_ms must be positive"),
+        ({"delay_ms": 1.5}, "retry delay_ms must be an int"),
     ],
 )
 def test_bad_retry_delays_are_refused_at_decoration(options: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigurationError, match=match):
-        lease_owned("k", **options)(lambda event, context: None)
+        lease_owned("k", retries=RetryConfig(**options))(lambda event, context: None)
 
 
 def test_a_failed_forwarded_event_waits_on_an_unclaimed_grant_whose_ttl_is_its_delay(
@@ -86,7 +93,7 @@ def test_a_failed_forwarded_event_waits_on_an_unclaimed_grant_whose_ttl_is_its_d
     one attempt (the failed run: the wait charged nothing), and it runs before them."""
     calls: list[str] = []
     delay = retry_delay_ms(20_000, 300_000, "k", "s1", 1)
-    handler = _flaky(provider, calls, retry_delay_ms=20_000, handoff="inline")
+    handler = _flaky(provider, calls, delay_ms=20_000)
     assert handler({"k": "k", "n": "o"}, LambdaContext()) == "o"  # answered, not held
     assert calls == ["o", "s1"]
     state = provider.inspect_key("k")
@@ -108,7 +115,7 @@ def test_a_failed_forwarded_event_waits_on_an_unclaimed_grant_whose_ttl_is_its_d
 
 def test_without_a_delay_the_failed_event_runs_again_at_once(provider: BaseLeaseProvider) -> None:
     calls: list[str] = []
-    handler = _flaky(provider, calls, retry_delay_ms=0, handoff="inline")
+    handler = _flaky(provider, calls, delay_ms=0)
     handler({"k": "k", "n": "o"}, LambdaContext())
     assert calls == ["o", "s1", "s1"]
     assert provider.inspect_key("k").owner is None
@@ -129,9 +136,8 @@ def test_by_sqs_the_envelope_arrives_after_the_delay(
     with mock_aws():
         sqs = boto3.client("sqs", region_name="us-east-1")
         url = sqs.create_queue(QueueName="leaseguard-handoffs")["QueueUrl"]
-        handler = _flaky(
-            provider, calls, retry_delay_ms=1_500, handoff="sqs", queue_url=url, sqs_client=sqs
-        )
+        handoff = HandoffConfig("sqs", queue_url=url, sqs_client=sqs)
+        handler = _flaky(provider, calls, delay_ms=1_500, handoff=handoff)
         handler({"k": "k", "n": "o"}, LambdaContext())
         assert calls == ["o"]  # s1 is handed off by SQS, at once
         handler(_received(sqs, url), LambdaContext())
@@ -164,8 +170,8 @@ def test_a_failure_that_dead_letters_hands_off_without_waiting(
     calls: list[str] = []
 
     @lease_owned(
-        lambda e: e["k"], provider=provider, ttl_ms=TTL, max_attempts=1, retry_delay_ms=20_000,
-        handoff="inline", signal_id_fn=_by_name,
+        lambda e: e["k"], provider=provider, ttl_ms=TTL, signal_id_fn=_by_name, handoff="inline",
+        retries=RetryConfig(max_attempts=1, delay_ms=20_000),
     )  # fmt: skip
     def handler(event: dict[str, Any], context: Any) -> Any:
         calls.append(event["n"])
@@ -187,7 +193,7 @@ def test_the_retry_delay_comes_from_the_environment(
 ) -> None:
     monkeypatch.setenv("LEASEGUARD_RETRY_DELAY_MS", "20000")
     calls: list[str] = []
-    handler = _flaky(provider, calls, handoff="inline")
+    handler = _flaky(provider, calls)
     handler({"k": "k", "n": "o"}, LambdaContext())
     assert calls == ["o", "s1"] and provider.inspect_key("k").owner == "s1"
     monkeypatch.setenv("LEASEGUARD_RETRY_DELAY_MS", "soon")

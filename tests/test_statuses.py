@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import leaseguard.guard
-from leaseguard import current_lease, lease_owned
+from leaseguard import HandoffConfig, RetryConfig, current_lease, lease_owned
 from leaseguard.guard import Status
 from leaseguard.testing import LambdaContext
 
@@ -77,9 +77,8 @@ def _poison_chain(
         lambda e: e["k"],
         provider=provider,
         ttl_ms=TTL,
-        handoff="invoke",
-        lambda_client=client,
-        max_attempts=max_attempts,
+        handoff=HandoffConfig("invoke", lambda_client=client),
+        retries=RetryConfig(max_attempts=max_attempts),
     )
     def handler(event: dict[str, Any], context: Any) -> str:
         current_lease()

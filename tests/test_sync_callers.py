@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from leaseguard import ConfigurationError, Signal, current_lease, lease_owned
+from leaseguard import ConfigurationError, HandoffConfig, Signal, current_lease, lease_owned
 from leaseguard.events import caller_waits
 from leaseguard.providers.base import BaseLeaseProvider
 from leaseguard.testing import LambdaContext
@@ -117,9 +117,12 @@ def test_a_waiting_caller_is_answered_after_its_own_run(
     provider: BaseLeaseProvider, source: Any
 ) -> None:
     work, client = Work(), RecordingLambda()
-    handler = lease_owned("pathParameters.k", provider=provider, ttl_ms=TTL, lambda_client=client)(
-        work
-    )
+    handler = lease_owned(
+        "pathParameters.k",
+        provider=provider,
+        ttl_ms=TTL,
+        handoff=HandoffConfig(lambda_client=client),
+    )(work)
     # 30 s left: the deadline alone would let the owner run all three inline
     answer, ran = contend(handler, work, source("k", "own"), source, LambdaContext())
     assert answer == {"statusCode": 200, "body": "own"}
@@ -144,8 +147,7 @@ def test_an_async_owner_still_drains_inline_while_time_is_left(
         "pathParameters.k",
         provider=provider,
         ttl_ms=TTL,
-        lambda_client=client,
-        drain_batch=drain_batch,
+        handoff=HandoffConfig(lambda_client=client, drain_batch=drain_batch),
     )(work)
     answer, _ = contend(handler, work, async_event("k", "own"), http_api, LambdaContext())
     assert answer == {"statusCode": 200, "body": "own"}
@@ -156,9 +158,12 @@ def test_an_async_owner_still_drains_inline_while_time_is_left(
 def test_an_async_owner_near_its_deadline_hands_off(provider: BaseLeaseProvider) -> None:
     """2 s left at most, less than ``handoff_margin_ms`` (3 s): the deadline logic hands off."""
     work, client = Work(), RecordingLambda()
-    handler = lease_owned("pathParameters.k", provider=provider, ttl_ms=TTL, lambda_client=client)(
-        work
-    )
+    handler = lease_owned(
+        "pathParameters.k",
+        provider=provider,
+        ttl_ms=TTL,
+        handoff=HandoffConfig(lambda_client=client),
+    )(work)
     context = LambdaContext(timeout_ms=2_000)
     answer, _ = contend(handler, work, async_event("k", "own"), async_event, context)
     assert answer["body"] == "own" and work.ran == ["own"] and len(client.pending()) == 1
@@ -170,7 +175,10 @@ def test_a_waiting_callers_drain_batch_hands_off_too(provider: BaseLeaseProvider
     """With ``drain_batch`` the HTTP owner still answers first; the receiver runs the batch."""
     work, client = Work(), RecordingLambda()
     handler = lease_owned(
-        "pathParameters.k", provider=provider, ttl_ms=TTL, lambda_client=client, drain_batch=5
+        "pathParameters.k",
+        provider=provider,
+        ttl_ms=TTL,
+        handoff=HandoffConfig(lambda_client=client, drain_batch=5),
     )(work)
     answer, ran = contend(handler, work, http_api("k", "own"), http_api, LambdaContext())
     assert answer["body"] == "own" and ran == ["own"]
@@ -195,8 +203,7 @@ def test_caller_waits_overrides_the_event_source(
         "pathParameters.k",
         provider=provider,
         ttl_ms=TTL,
-        lambda_client=client,
-        caller_waits=setting,
+        handoff=HandoffConfig(lambda_client=client, caller_waits=setting),
     )(work)
     contend(handler, work, source("k", "own"), source, LambdaContext())
     assert work.ran == (["own", "f0", "f1", "f2"] if inline else ["own"])
@@ -238,9 +245,7 @@ def test_a_waiting_caller_hands_off_through_sqs_when_queue_url_is_set(
         "pathParameters.k",
         provider=provider,
         ttl_ms=TTL,
-        queue_url=url,
-        sqs_client=sqs,
-        lambda_client=client,
+        handoff=HandoffConfig(queue_url=url, sqs_client=sqs, lambda_client=client),
     )(work)
     contend(handler, work, http_api("k", "own"), http_api, LambdaContext())
     assert work.ran == ["own"] and client.invokes == []
@@ -260,9 +265,12 @@ def test_an_adopting_waiting_caller_runs_the_orphans_and_its_own_event_then_hand
     provider.acquire_or_enqueue("k", Signal("queued", http_api("k", "before")), TTL)
     let_leases_expire(provider, ("k", "dead-owner"))
     work, client = Work(), RecordingLambda()
-    handler = lease_owned("pathParameters.k", provider=provider, ttl_ms=TTL, lambda_client=client)(
-        work
-    )
+    handler = lease_owned(
+        "pathParameters.k",
+        provider=provider,
+        ttl_ms=TTL,
+        handoff=HandoffConfig(lambda_client=client),
+    )(work)
     answer, ran = contend(handler, work, http_api("k", "own"), http_api, LambdaContext())
     assert answer == {"statusCode": 200, "body": "own"}
     assert ran == ["orphan", "before", "own"] and len(client.pending()) == 1
@@ -277,4 +285,4 @@ def test_caller_waits_detection_and_its_setting_is_checked() -> None:
     assert not caller_waits(sqs) and not caller_waits(async_event("k", "x"))
     assert not caller_waits({"Records": [sqs]})
     with pytest.raises(ConfigurationError, match="caller_waits"):
-        lease_owned("k", caller_waits="yes")(lambda event, context: None)  # type: ignore[arg-type]
+        lease_owned("k", handoff=HandoffConfig(caller_waits="yes"))(lambda event, context: None)  # type: ignore[arg-type]

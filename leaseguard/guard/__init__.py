@@ -30,7 +30,14 @@ from leaseguard.types import QueueProvider
 from .decorator import lease_owned
 from .failures import UnfinishedRuns
 from .handler import GuardedHandler
-from .options import DEFAULT_HANDOFF_MARGIN_MS, HANDOFF_MODES, GuardOptions, Handoff
+from .options import (
+    DEFAULT_HANDOFF_MARGIN_MS,
+    HANDOFF_MODES,
+    GuardOptions,
+    Handoff,
+    HandoffConfig,
+    RetryConfig,
+)
 from .policy import HandoffPolicy
 from .responses import Status
 
@@ -40,8 +47,10 @@ __all__ = [
     "GuardOptions",
     "GuardedHandler",
     "Handoff",
+    "HandoffConfig",
     "HandoffPolicy",
     "QueueProvider",
+    "RetryConfig",
     "Status",
     "UnfinishedRuns",
     "lease_owned",

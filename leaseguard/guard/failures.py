@@ -133,7 +133,7 @@ class FailureReporter:
     def send_dead_letters(self, key: str, dead: list[Signal], error: BaseException) -> None:
         """Copies of what was just dead-lettered on the key, to ``dead_letter_queue_url``. The
         key keeps every dead letter either way, so a failed send loses nothing."""
-        url = self.options.dead_letter_queue_url
+        url = self.options.retries.dead_letter_queue_url
         if not url:
             return
         for signal in dead:
@@ -148,7 +148,7 @@ class FailureReporter:
                 "payload": signal.payload,
             }
             try:
-                client = self.options.sqs_client or aws.default_client("sqs")
+                client = self.options.handoff.sqs_client or aws.default_client("sqs")
                 client.send_message(QueueUrl=url, MessageBody=json.dumps(body))
             except Exception as exc:
                 self.telemetry.count("DeadLetterSendFailed")

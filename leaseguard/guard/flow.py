@@ -295,8 +295,8 @@ class Invocation:
                     "requeue_owner": not platform_retries,
                     "max_attempts": options.max_attempts,
                 }
-                if options.on_poison != "skip":
-                    report["on_poison"] = options.on_poison
+                if options.retries.on_poison != "skip":
+                    report["on_poison"] = options.retries.on_poison
             # A failed signal that goes back to the head is granted the key again by this
             # hand-off: with a retry delay, unclaimed, for as long as it waits (.retries).
             retry = retries.plan(self, key, error, failed, dead)
@@ -353,7 +353,7 @@ class Invocation:
         waiting = self.waits and answered
         placement = self.guard.policy.place_next(self.context, longest_ms, answered=waiting)
         if placement == "inline, cannot dispatch":
-            if waiting and self.options.handoff == "auto":
+            if waiting and self.options.handoff.mode == "auto":
                 why = (
                     "the caller waits for this invocation's answer, but the next signal cannot "
                     "be handed off without a Lambda context naming the function (or queue_url);"
@@ -361,7 +361,7 @@ class Invocation:
                 )
             else:
                 why = (
-                    f'handoff="{self.options.handoff}" is not possible '
+                    f'handoff="{self.options.handoff.mode}" is not possible '
                     "without a Lambda context; running the next signal inline"
                 )
             self.telemetry.log(logging.WARNING, why)

@@ -89,7 +89,7 @@ class GuardedHandler:
     def warn_without_context(self) -> None:
         """Once per handler: with no Lambda context the owner cannot see the deadline, so it
         would drain its whole queue inline, however long that takes."""
-        if self.options.handoff == "inline" or self.warned_no_context:
+        if self.options.handoff.mode == "inline" or self.warned_no_context:
             return
         self.warned_no_context = True
         self.telemetry.log(

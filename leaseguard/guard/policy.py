@@ -24,12 +24,12 @@ class HandoffPolicy:
     """
 
     def __init__(self, options: GuardOptions) -> None:
-        self.mode = options.handoff
-        self.margin_ms = options.handoff_margin_ms
-        self.caller_waits = options.caller_waits
-        self.queue_url = options.queue_url
-        self.lambda_client = options.lambda_client
-        self.sqs_client = options.sqs_client
+        self.mode = options.handoff.mode
+        self.margin_ms = options.handoff.margin_ms
+        self.caller_waits = options.handoff.caller_waits
+        self.queue_url = options.handoff.queue_url
+        self.lambda_client = options.handoff.lambda_client
+        self.sqs_client = options.handoff.sqs_client
 
     def waits(self, event: Any) -> bool:
         """Whether the caller of an invocation of ``event`` waits for its answer: the

@@ -1,4 +1,4 @@
-"""How long a failed signal waits before it runs again (``retry_delay_ms``), and how it waits
+"""How long a failed signal waits before it runs again (``RetryConfig.delay_ms``), and how it waits
 with no Lambda held idle.
 
 A forwarded signal whose run failed goes back to the head of its key's queue (row G6), so the

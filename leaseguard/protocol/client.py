@@ -14,7 +14,8 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from leaseguard.guard.options import GuardOptions
+from leaseguard.guard.options import GuardOptions, HandoffConfig, RetryConfig
+from leaseguard.guard.retries import DEFAULT_RETRY_MAX_DELAY_MS
 
 from . import failover
 from .bounds import Bounds
@@ -54,12 +55,14 @@ class Client(Invariants):
         options = GuardOptions(
             ttl_ms=self.ttl_ms,
             renew_every_ms=max(self.ttl_ms // 3, 1),
-            max_attempts=b.max_attempts,
+            handoff=HandoffConfig(drain_batch=b.drain_batch, caller_waits=b.caller_waits),
+            retries=RetryConfig(
+                max_attempts=b.max_attempts,
+                delay_ms=b.retry_delay * TICK_MS,
+                max_delay_ms=DEFAULT_RETRY_MAX_DELAY_MS,
+                on_poison="halt" if b.halt else "skip",
+            ),
             max_queue=b.max_queue,
-            drain_batch=b.drain_batch,
-            retry_delay_ms=b.retry_delay * TICK_MS,
-            caller_waits=b.caller_waits,
-            on_poison="halt" if b.halt else "skip",
             signal_id_fn=lambda event, context: str(event["id"]),
         )
         self.driver = GuardDriver(self.model, options, self.key_of, provider_class)

@@ -363,7 +363,7 @@ class GuardDriver:
             replay.held = []  # a new grant: what the last one held was reported
         replay.handle = handle
         replay.held.append(sid)
-        if replay.own_ran and self.options.caller_waits and replay.fresh:
+        if replay.own_ran and self.options.handoff.caller_waits and replay.fresh:
             replay.late.append(sid)
         replay.own_ran = replay.own_ran or sid == replay.own
         if replay.fresh:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from leaseguard import HandoffConfig, RetryConfig
 from leaseguard.guard import lease_owned
 from leaseguard.providers.base import BaseLeaseProvider
 from leaseguard.renewal import LeaseHandle, current_lease
@@ -140,12 +141,14 @@ def _make_handler(
         lambda e: e["key"],
         provider=provider,
         ttl_ms=config.ttl_ms,
-        handoff_margin_ms=config.handoff_margin_ms,
-        lambda_client=invoker,
         logger=logger,
-        max_attempts=config.max_attempts,
         on_lost=lost,
-        drain_batch=config.drain_batch,
+        handoff=HandoffConfig(
+            margin_ms=config.handoff_margin_ms,
+            lambda_client=invoker,
+            drain_batch=config.drain_batch,
+        ),
+        retries=RetryConfig(max_attempts=config.max_attempts),
     )
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         lease = current_lease()
