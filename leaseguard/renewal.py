@@ -66,6 +66,10 @@ class LeaseHandle:
     Owner-side calls name the grant by ``token``, not only by the owner id: after a takeover
     the same id can own the key again (its signal was delivered again), and this handle must
     then be refused.
+
+    What a handler uses: :attr:`key`, :attr:`owner` (the signal that runs), :attr:`token` (the
+    fencing token), :attr:`lost` and :attr:`lost_reason`, :attr:`remaining_ms`,
+    :meth:`check` and :meth:`take_signals`. The rest is the guard's and the renewer's.
     """
 
     def __init__(
@@ -111,22 +115,39 @@ class LeaseHandle:
     def lost(self) -> bool:
         """True once a renewal failed or was refused, or once the TTL has run out since the
         last successful renewal was sent (a renewal stuck in client retries does not count).
-        A plain read: ``on_lost`` fires from the renewer, or from :meth:`settle`."""
+        A plain read: ``on_lost`` fires from the renewer, or from the guard once the run ends."""
         return self.lost_reason is not None or self.clock() >= self._valid_until
 
-    def settle(self) -> bool:
+    def _settle(self) -> bool:
         """After the run: a lease that ran out with no renewal to say so is marked lost now
-        (``on_lost`` fires once). Returns :attr:`lost`."""
+        (``on_lost`` fires once). Returns :attr:`lost`. ``_valid_until`` is the clock time
+        until which this grant is certainly held: its TTL counted from when the grant, or the
+        last renewal that succeeded, was *sent*."""
         if self.lost_reason is None and self.clock() >= self._valid_until:
-            self.mark_lost("no renewal succeeded within the TTL")
+            self._mark_lost("no renewal succeeded within the TTL")
         return self.lost
 
+    # The guard's own bookkeeping, public before 0.2: still there, each with a warning.
     @property
     def valid_until(self) -> float:
-        """The :func:`time.monotonic` time until which this grant is certainly held: its TTL
-        counted from when the grant, or the last renewal that succeeded, was *sent*. After it,
-        another invocation may hold the key (a lapse, which ``lost`` then reports)."""
+        """Deprecated: :attr:`remaining_ms` says how long the lease is certainly held."""
+        _deprecated("valid_until", "remaining_ms")
         return self._valid_until
+
+    def settle(self) -> bool:
+        """Deprecated: the guard's; read :attr:`lost`."""
+        _deprecated("settle()", "lost")
+        return self._settle()
+
+    def renewed(self, sent_at: float) -> None:
+        """Deprecated: the renewer's."""
+        _deprecated("renewed()", None)
+        self._renewed(sent_at)
+
+    def mark_lost(self, reason: str) -> None:
+        """Deprecated: the guard's and the renewer's."""
+        _deprecated("mark_lost()", None)
+        self._mark_lost(reason)
 
     @property
     def remaining_ms(self) -> int:
@@ -145,7 +166,7 @@ class LeaseHandle:
         try:
             taken = self.provider.take_signals(self.key, self.owner, limit, token=self.token)
         except LeaseLostError:
-            self.mark_lost("take_signals found the lease owned by someone else")
+            self._mark_lost("take_signals found the lease owned by someone else")
             raise
         except Exception:
             self.take_failed = True
@@ -153,11 +174,11 @@ class LeaseHandle:
         self.taken.extend(taken)
         return taken
 
-    def renewed(self, sent_at: float) -> None:
+    def _renewed(self, sent_at: float) -> None:
         with self._lock:
             self._valid_until = max(self._valid_until, sent_at + self.ttl_ms / 1000)
 
-    def mark_lost(self, reason: str) -> None:
+    def _mark_lost(self, reason: str) -> None:
         with self._lock:
             if self.lost_reason is not None:
                 return
@@ -172,6 +193,13 @@ class LeaseHandle:
         reason = self.lost_reason or "the TTL ran out"
         state = f"lost: {reason}" if self.lost else f"{self.remaining_ms} ms left"
         return f"<LeaseHandle key={self.key!r} owner={self.owner!r} token={self.token} {state}>"
+
+
+def _deprecated(name: str, instead: str | None) -> None:
+    import warnings
+
+    use = f": use LeaseHandle.{instead}" if instead else " (it is the guard's own)"
+    warnings.warn(f"LeaseHandle.{name} is deprecated{use}", DeprecationWarning, stacklevel=3)
 
 
 class LeaseRenewer:
@@ -241,7 +269,7 @@ class LeaseRenewer:
             else:
                 self._thread = thread
                 return
-        handle.mark_lost(failure)  # outside the lock: on_lost is the user's code
+        handle._mark_lost(failure)  # outside the lock: on_lost is the user's code
 
     def pause(self) -> None:
         """Stop renewing the followed lease, waiting for a renewal in flight at most one renewal
@@ -256,7 +284,7 @@ class LeaseRenewer:
             stuck = self._renewing
         if stuck is not None:
             _log.warning("a renewal of %r is still in flight after stop", stuck.key)
-            stuck.mark_lost("a renewal was still in flight when the run ended")
+            stuck._mark_lost("a renewal was still in flight when the run ended")
 
     def stop(self) -> None:
         """:meth:`pause`, then end the thread (joined unless a renewal is stuck in flight)."""
@@ -302,9 +330,9 @@ class LeaseRenewer:
         # Recorded before the renewal counts as finished: pause() returns once it is, and
         # the flow then reads `lost` to decide whether to hand off.
         if failure is None:
-            handle.renewed(sent_at)
+            handle._renewed(sent_at)
         else:
-            handle.mark_lost(failure)
+            handle._mark_lost(failure)
         with self._cond:
             self._renewing = None
             if self.handle is handle:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import warnings
 from typing import Any
 
 import pytest
@@ -29,8 +30,8 @@ def test_reading_lost_or_repr_never_fires_on_lost() -> None:
     )
     assert handle.lost and "lost" in repr(handle) and handle.remaining_ms == 0
     assert fired == []  # a read (even a debugger's repr) is not an event
-    assert handle.settle() is True
-    assert handle.settle() is True
+    assert handle._settle() is True
+    assert handle._settle() is True
     assert fired == ["no renewal succeeded within the TTL"]  # once, from settle
 
 
@@ -363,3 +364,27 @@ def test_a_grant_whose_reply_came_after_its_ttl_runs_nothing() -> None:
     provider.slow = False
     assert handler({"n": "next"}, LambdaContext()) == "ok"
     assert ran == ["late", "next"]  # adopted (Q6): the late grant's event first, then its own
+
+
+def test_the_guards_bookkeeping_is_private_and_its_old_names_warn() -> None:
+    """settle(), mark_lost(), renewed() and valid_until were public before 0.2: they still
+    work, each with a DeprecationWarning; the handler's surface does not warn."""
+    from leaseguard.providers.memory import InMemoryLeaseProvider
+
+    now = [100.0]
+    handle = LeaseHandle(InMemoryLeaseProvider(), "k", "o", 1, 1_000, clock=lambda: now[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert (handle.key, handle.owner, handle.token, handle.lost) == ("k", "o", 1, False)
+        assert handle.remaining_ms == 1_000 and handle.lost_reason is None
+        handle.check()
+    with pytest.warns(DeprecationWarning, match="valid_until is deprecated: use LeaseHandle.rem"):
+        assert handle.valid_until == 101.0
+    with pytest.warns(DeprecationWarning, match="renewed"):
+        handle.renewed(100.5)
+    assert handle.remaining_ms == 1_500
+    with pytest.warns(DeprecationWarning, match="settle"):
+        assert handle.settle() is False
+    with pytest.warns(DeprecationWarning, match="mark_lost"):
+        handle.mark_lost("told so")
+    assert handle.lost and handle.lost_reason == "told so"

@@ -83,7 +83,7 @@ def drain(
             try:
                 batch = provider.take_signals(key, owner.id, 1, **progress)
             except LeaseLostError:
-                handle.mark_lost("take_signals found the lease owned by someone else")
+                handle._mark_lost("take_signals found the lease owned by someone else")
                 return drained
             except Exception as exc:
                 # It may have moved a signal in flight unseen: it goes back unrun with the
@@ -100,13 +100,13 @@ def drain(
                 return drained
             signal = batch[0]
             telemetry.queued_age(signal)  # taken oldest first: the queue's oldest
-            if handle.settle():
+            if handle._settle():
                 return drained  # the take's reply came after the lease ran out: run nothing
             outcome, error, took = yield from _run_item(invocation, handle, signal, drained)
             if primary in (signal.id, *(s.id for s in took)):
                 drained.primary = Outcome(error=error) if error else outcome
             if error is not None:
-                reported = not handle.settle()
+                reported = not handle._settle()
                 drained.failed = [signal, *took]
                 drained.error = error
                 drained.dead = [
@@ -116,7 +116,7 @@ def drain(
                 ]
                 return drained
             drained.completed += [signal.id, *(s.id for s in took)]
-            if handle.settle() or drained.cut:
+            if handle._settle() or drained.cut:
                 return drained  # lost (the caller hands nothing off), or cut by a failed take
     finally:
         renewer.pause()
@@ -212,21 +212,21 @@ class ItemLease(LeaseHandle):
         return self.batch.lost
 
     @property
-    def valid_until(self) -> float:
-        return self.batch.valid_until
+    def _valid_until(self) -> float:  # type: ignore[override]
+        return self.batch._valid_until
 
     @property
     def remaining_ms(self) -> int:
         return self.batch.remaining_ms
 
-    def settle(self) -> bool:
-        return self.batch.settle()
+    def _settle(self) -> bool:
+        return self.batch._settle()
 
     def take_signals(self, limit: int = 10) -> list[Signal]:
         return self.batch.take_signals(limit)
 
-    def renewed(self, sent_at: float) -> None:
-        self.batch.renewed(sent_at)
+    def _renewed(self, sent_at: float) -> None:
+        self.batch._renewed(sent_at)
 
-    def mark_lost(self, reason: str) -> None:
-        self.batch.mark_lost(reason)
+    def _mark_lost(self, reason: str) -> None:
+        self.batch._mark_lost(reason)

@@ -201,7 +201,7 @@ class Invocation:
             # The platform retries the invocation's own event (it re-raises); every other
             # signal this run held is retried from the queue, or dead-lettered.
             platform_retries = is_primary and own_event
-            if handle.settle():
+            if handle._settle():
                 # The grant's reply came after its TTL ran out: another invocation may own the
                 # key by now, so the handler must not run. The signal stays in flight and goes
                 # back to the queue with the expired lease (G5).
@@ -228,7 +228,7 @@ class Invocation:
                 try:
                     outcome = yield Run(event, handle)
                 finally:
-                    handle.settle()  # a TTL that ran out is the reason, not the pause below
+                    handle._settle()  # a TTL that ran out is the reason, not the pause below
                     renewer.pause()
                 held_ms = (self.clock() - started) * 1000
                 longest_ms = max(longest_ms, held_ms)
@@ -249,7 +249,7 @@ class Invocation:
                 # (its earlier failed deliveries count too): then it is dead-lettered here.
                 last = current.attempts + 1 >= options.max_attempts
                 owned = [] if platform_retries and not last else [current]
-                reported = not handle.settle()
+                reported = not handle._settle()
                 failed = owned + handle.taken
                 for signal in failed:
                     if self.guard.failures.signal_failed(key, signal, error, reported=reported):
@@ -257,7 +257,7 @@ class Invocation:
                 if platform_retries and outcome.error is None:
                     primary_outcome = Outcome(error=error)
             answered = primary_outcome is not None
-            remote = not handle.settle() and self.place_next(longest_ms, answered) == "remote"
+            remote = not handle._settle() and self.place_next(longest_ms, answered) == "remote"
             drained: Drained | None = None
             drains = handed and not remote and not handle.lost and not unseen and self._drains()
             if error is None and drains:
@@ -275,7 +275,7 @@ class Invocation:
                 if drained.primary is not None:
                     primary_outcome = drained.primary
                 error, dead, failed = drained.error, drained.dead, drained.failed
-            if handle.settle():
+            if handle._settle():
                 telemetry.count("LeaseLost")
                 telemetry.log(
                     logging.ERROR,

@@ -18,7 +18,7 @@ def lost_before_handoff(
     # No holder at all: the lease expired, or the backend lost it (a Redis restart without
     # persistence), and then whatever was queued behind it went too.
     vanished = " (the key has no owner: expired, or lost by the backend)"
-    handle.mark_lost(
+    handle._mark_lost(
         "the lease expired or moved before the handoff" + ("" if lost.holder else vanished)
     )
     telemetry.count("LeaseLost")

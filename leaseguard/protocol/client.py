@@ -88,7 +88,7 @@ class Client(Invariants):
         handle = wait.handle if isinstance(wait, (RunWait, CallWait)) else None
         if handle is None:
             return None
-        left = round(handle.valid_until * TICK_MS) - now
+        left = round(handle._valid_until * TICK_MS) - now
         return -1 if handle.lost_reason is not None or left <= 0 else left
 
     def waiting(self, a: Actor) -> RunWait | None:
@@ -190,7 +190,7 @@ class Client(Invariants):
     def run_steps(self, w: World, n: int, a: Actor, wait: RunWait, faults_left: bool) -> Moves:
         handle, name = wait.handle, a.aid
         rec = self.rec(w, a.key)
-        lost = handle.lost_reason is not None or w.now / TICK_MS >= handle.valid_until
+        lost = handle.lost_reason is not None or w.now / TICK_MS >= handle._valid_until
         if wait.sid in self.events[: self.b.poison]:
             # a poison signal: every run of it raises, and that takes no fault
             nw = w.copy()
@@ -216,7 +216,7 @@ class Client(Invariants):
         if (
             wait.renews < self.b.renews
             and not lost
-            and handle.valid_until < (w.now + self.ttl_ms) / TICK_MS
+            and handle._valid_until < (w.now + self.ttl_ms) / TICK_MS
         ):
             yield from self.act(w.copy(), n, a, "renew", f"{name}'s lease is renewed")
 
@@ -252,7 +252,7 @@ class Client(Invariants):
         in_time = (
             handle is not None
             and handle.lost_reason is None
-            and w.now / TICK_MS < handle.valid_until
+            and w.now / TICK_MS < handle._valid_until
         )
         if call.op == "take_signals" and isinstance(value, list) and in_time:
             # a reply that came after the lease ran out runs nothing: still unseen

@@ -264,7 +264,7 @@ class Invariants(ExplorerBase):
 
     def check_lost_reply(self, w: World, a: Actor, call: Call, handle: LeaseHandle) -> None:
         """(f): ``transfer_to_next`` answered lost to a run that still held its lease."""
-        held = call.sent_at / TICK_MS < handle.valid_until and handle.lost_reason is None
+        held = call.sent_at / TICK_MS < handle._valid_until and handle.lost_reason is None
         held = held and handle.grant_owner not in w.book.evicted
         held = held and not self.superseded(self.rec(w, a.key), handle.grant_owner, handle.token)
         if held and w.violation is None:
@@ -304,7 +304,7 @@ class Invariants(ExplorerBase):
                 wait = self.waiting(a) if a.key == key else None
                 if wait is None or wait.handle.lost_reason is not None:
                     continue
-                if w.now / TICK_MS < wait.handle.valid_until:
+                if w.now / TICK_MS < wait.handle._valid_until:
                     believers.append((a, wait.handle))
             if len(believers) > 1:
                 names = ", ".join(f"{a.aid} on {h.grant_owner}" for a, h in believers)

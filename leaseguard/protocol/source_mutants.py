@@ -77,7 +77,7 @@ GUARD_MUTANTS: tuple[tuple[str, str, SourceChange], ...] = (
         "core",
         SourceChange(
             FLOW,
-            "            if handle.settle():\n                # The grant's reply came",
+            "            if handle._settle():\n                # The grant's reply came",
             "            if False:\n                # The grant's reply came",
         ),
     ),

@@ -132,7 +132,7 @@ def _make_handler(
                 "owner": handle.owner,
                 "token": handle.token,
                 "t": time.monotonic_ns(),
-                "valid_until": int(handle.valid_until * 1e9),
+                "valid_until": int(handle._valid_until * 1e9),
                 "inv": _INVOCATION.get(None),  # None in the renewer's thread
             }
         )
@@ -187,7 +187,7 @@ def _make_handler(
                 "run": run,
                 "t": time.monotonic_ns(),
                 "lost": lease.lost,
-                "valid_until": int(lease.valid_until * 1e9),
+                "valid_until": int(lease._valid_until * 1e9),
             }
         )
         return {"ran": event["id"]}
