@@ -94,6 +94,7 @@ GUARD_CHAIN = frozenset(
         "leaseguard.providers",
         "leaseguard.providers.base",
         "leaseguard.renewal",
+        "leaseguard.renewer",
         "leaseguard.signals",
         "leaseguard.stacking",
         "leaseguard.types",

@@ -13,7 +13,7 @@ import pytest
 
 from leaseguard import InMemoryLeaseProvider, LeaseHandle, Signal, current_lease, lease_owned
 from leaseguard.contract import LeaseResult
-from leaseguard.renewal import LeaseRenewer
+from leaseguard.renewer import LeaseRenewer
 from leaseguard.testing import LambdaContext
 
 
@@ -132,7 +132,7 @@ class _CountingRenewals(InMemoryLeaseProvider):
 def test_one_renewer_thread_follows_every_run_of_an_inline_chain(monkeypatch: Any) -> None:
     # A thread per run cost more than the run on a busy key (bench/hot_key.py); each run of the
     # chain must still be renewed under its own grant, and nothing after the chain ends.
-    from leaseguard import renewal
+    from leaseguard import renewer as renewal
 
     started: list[str] = []
 
@@ -292,7 +292,7 @@ def test_a_forked_child_gets_a_timer_of_its_own() -> None:
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_timer_thread_that_died_is_replaced() -> None:
-    from leaseguard.renewal import _DEFERRED_STARTS
+    from leaseguard.renewer import _DEFERRED_STARTS
 
     class EndsTheTimer(LeaseRenewer):
         def _first_renewal_due(self) -> None:
@@ -314,7 +314,7 @@ def test_a_timer_thread_that_died_is_replaced() -> None:
 def test_the_timer_does_not_wake_for_runs_that_ended(monkeypatch: Any) -> None:
     # Runs back to back, each ending long before its first renewal: waking the timer for each
     # one at its due time cost a context switch per run, what the timer is there to avoid.
-    from leaseguard import renewal
+    from leaseguard import renewer as renewal
 
     class CountingCondition(threading.Condition):
         waits = 0

@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("leaseguard.providers", "leaseguard.config", "leaseguard.contract"),
     (
         "leaseguard.renewal",
+        "leaseguard.renewer",
         "leaseguard.observability",
         "leaseguard.handoff",
         "leaseguard.stacking",

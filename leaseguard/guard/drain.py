@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from leaseguard.errors import LeaseLostError
 from leaseguard.events import rebuild_like
-from leaseguard.renewal import LeaseHandle, LeaseRenewer
+from leaseguard.renewal import LeaseHandle
+from leaseguard.renewer import LeaseRenewer
 from leaseguard.types import Signal, now_ms
 
 from .failures import UnfinishedRuns, describe

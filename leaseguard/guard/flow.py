@@ -17,7 +17,8 @@ from typing import Any
 from leaseguard.errors import LeaseBackendError, LeaseLostError, PayloadTooLarge, QueueFull
 from leaseguard.events import as_json, rebuild_like
 from leaseguard.handoff import Envelope, InvalidEnvelope, parse_envelope
-from leaseguard.renewal import LeaseHandle, LeaseRenewer
+from leaseguard.renewal import LeaseHandle
+from leaseguard.renewer import LeaseRenewer
 from leaseguard.types import Signal, now_ms
 
 from . import responses, retries
@@ -321,7 +322,9 @@ class Invocation:
             telemetry.queued_age(nxt)  # the queue's oldest: it waited this long for the key
             envelope = Envelope(key, nxt.id, nxt.token or 0, nxt.payload)
             if retry is not None and nxt.id == retry.signal_id:
-                retries.wait(self.telemetry, envelope, retry)
+                retries.announce(self.telemetry, envelope, retry)
+                if retry.later is not None:
+                    self._dispatch(envelope, retry)
                 break
             if remote:
                 self._dispatch(envelope)
@@ -367,9 +370,14 @@ class Invocation:
             self.telemetry.log(logging.WARNING, why)
         return placement
 
-    def _dispatch(self, envelope: Envelope) -> None:
+    def _dispatch(self, envelope: Envelope, retry: retries.Retry | None = None) -> None:
+        """Send ``envelope`` now, or, for a retry that waits by SQS, to arrive after its
+        delay."""
         try:
-            self.guard.policy.dispatcher(self.context).dispatch(envelope)
+            if retry is not None and retry.later is not None:
+                retry.later.dispatch_later(envelope, retry.delay_ms)
+            else:
+                self.guard.policy.dispatcher(self.context).dispatch(envelope)
         except Exception as exc:
             # The grant stays in the backend unclaimed; once its TTL passes, adopt_orphans (the
             # sweeper) or the key's next event delivers it. Failing this invocation instead

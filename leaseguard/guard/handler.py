@@ -11,7 +11,7 @@ from leaseguard import config
 from leaseguard.errors import ConfigurationError, HandlerKeyError, InvalidLeaseArgument
 from leaseguard.events import as_json
 from leaseguard.observability import Telemetry
-from leaseguard.renewal import LeaseRenewer
+from leaseguard.renewer import LeaseRenewer
 from leaseguard.stacking import check_handler_stack
 from leaseguard.types import QueueProvider, is_lease_provider, is_signal_queue
 from leaseguard.validation import check_key

@@ -87,10 +87,10 @@ def plan(
     return Retry(head.id, delay, later, delay + options.ttl_ms if later else delay)
 
 
-def wait(telemetry: Telemetry, envelope: Envelope, retry: Retry) -> None:
-    """Leave the retry's grant to its wait: an envelope that arrives after the delay, or none
-    (the grant runs out after the delay and the key is orphaned for its next event or the
-    sweeper to run the signal)."""
+def announce(telemetry: Telemetry, envelope: Envelope, retry: Retry) -> None:
+    """Say that the retry's grant is left to its wait: an envelope sent to arrive after the
+    delay (by ``retry.later``), or none (the grant runs out after the delay and the key is
+    orphaned for its next event or the sweeper to run the signal)."""
     telemetry.count("RetryDelayed")
     telemetry.log(
         logging.INFO,
@@ -100,21 +100,3 @@ def wait(telemetry: Telemetry, envelope: Envelope, retry: Retry) -> None:
         retry_delay_ms=retry.delay_ms,
         wakes_by="sqs" if retry.later is not None else "its next event or the sweeper",
     )
-    if retry.later is None:
-        return
-    try:
-        retry.later.dispatch_later(envelope, retry.delay_ms)
-    except Exception as exc:
-        # As for any failed dispatch: the grant runs out unclaimed, and the key's next event or
-        # the sweeper runs the signal then.
-        telemetry.count("HandoffFailed")
-        telemetry.log(
-            logging.ERROR,
-            "delayed handoff dispatch failed; the signal will be re-delivered after its lease "
-            "expires",
-            lease_key=envelope.key,
-            lease_owner=envelope.owner,
-            error=str(exc),
-        )
-        return
-    telemetry.count("HandoffDispatched")

@@ -12,8 +12,7 @@ explorer's, through the guard's seams:
   explorer, which applies it to the world's record when its search says, and delivers the
   reply, a lost reply and its resend, or a give-up (``LeaseBackendError``), later;
 * the **clock** is the explorer's time (``GuardedHandler.clock``);
-* the **renewer** (``GuardedHandler.renewer_class``) renews only when the search makes a
-  renewal happen, through the renewal thread's own :meth:`LeaseRenewer._renew_once`;
+* the **renewer** (``renewer_class``) renews when the search says, by its own ``_renew_once``;
 * the **Lambda context** says how much time is left, as the search chooses (so the handoff
   policy that ships decides between inline and an envelope), and the **dispatcher** hands
   envelopes to the explorer's platform;
@@ -47,7 +46,8 @@ from leaseguard.guard.policy import HandoffPolicy
 from leaseguard.handoff import Dispatcher, Envelope, dispatch_orphans
 from leaseguard.observability import Telemetry
 from leaseguard.providers.memory import InMemoryLeaseProvider, Step, T
-from leaseguard.renewal import LeaseHandle, LeaseRenewer, current_lease
+from leaseguard.renewal import LeaseHandle, current_lease
+from leaseguard.renewer import LeaseRenewer
 from leaseguard.types import KeyState, Signal
 
 from .model import ProtocolModel
