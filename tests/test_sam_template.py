@@ -189,7 +189,9 @@ def _expected_grants() -> dict[str, set[tuple[str, str]]]:
     every_call = _client_ops(_tree(PROVIDER)) - {"get_waiter"}
     assert _client_ops(_function(PROVIDER / "admin.py", "create_table")) >= SETUP_ONLY
     config = _tree(leaseguard / "config.py")
-    worker_uses = _provider_methods_used(_tree(GUARD), _tree(leaseguard / "renewal.py"), config)
+    worker_uses = _provider_methods_used(
+        _tree(GUARD), _tree(leaseguard / "renewal.py"), _tree(leaseguard / "renewer.py"), config
+    )
     sweeper_uses = _provider_methods_used(
         _function(leaseguard / "handoff.py", "dispatch_orphans"), config
     )
