@@ -23,24 +23,23 @@ def module_getattr(
 
     def __getattr__(name: str) -> object:
         module = exports.get(name)
-        if module is None and moved is not None and name in moved:
+        deprecated = module is None and moved is not None and name in moved
+        if deprecated:
             import warnings
 
-            home = f"{package}.{moved[name]}"
+            module = moved[name]  # type: ignore[index]
             warnings.warn(
-                f"{package}.{name} is deprecated: import it from {home}",
+                f"{package}.{name} is deprecated: import it from {package}.{module}",
                 DeprecationWarning,
                 stacklevel=2,
             )
-            from importlib import import_module
-
-            return getattr(import_module(home), name)  # not cached: every use warns
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         from importlib import import_module
 
         value = getattr(import_module(f"{package}.{module}"), name)
-        namespace[name] = value  # resolved once; later lookups are plain module attributes
+        if not deprecated:  # resolved once; a deprecated name warns at every use
+            namespace[name] = value
         return value
 
     return __getattr__

@@ -183,6 +183,13 @@ _FAKE_AWS_ENV = {
 }
 
 
+@pytest.fixture
+def fake_aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Credentials and a region for boto3 clients under moto (never real AWS)."""
+    for name, value in _FAKE_AWS_ENV.items():
+        monkeypatch.setenv(name, value)
+
+
 @pytest.fixture(scope="session")
 def dynamodb_server() -> Iterator[DynamoDBServer]:
     """moto's DynamoDB over real HTTP, one request at a time (so botocore's retries, request

@@ -517,13 +517,7 @@ def test_a_retried_envelope_runs_the_signal_after_its_receiver_died(
 # -- dead letters copied to an SQS queue --------------------------------------------------------
 
 
-def test_dead_letters_are_copied_to_the_dead_letter_queue(monkeypatch: Any) -> None:
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
+def test_dead_letters_are_copied_to_the_dead_letter_queue(fake_aws_env: None) -> None:
     provider = InMemoryLeaseProvider()
     with mock_aws():
         sqs = boto3.client("sqs", region_name="us-east-1")
@@ -555,18 +549,12 @@ def test_dead_letters_are_copied_to_the_dead_letter_queue(monkeypatch: Any) -> N
 
 
 def test_a_signal_kept_for_a_full_dead_letter_list_is_not_reported_dead_lettered(
-    make_provider: ProviderFactory, lease_backend: str, monkeypatch: Any
+    make_provider: ProviderFactory, lease_backend: str, fake_aws_env: None
 ) -> None:
     """[G6] invariant (n): the guard does not tell people a signal was dead-lettered when the
     key kept it instead (its dead-letter list full, the key halted). The first poison event
     is dead-lettered (counted, copied to the dead-letter queue); the second is kept at the
     head of the queue: counted ``SignalKeptHalted``, logged as kept, and not copied."""
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
     provider = make_provider(lease_backend)(dead_limit=1)
     metrics = CountingMetrics()
     with mock_aws():

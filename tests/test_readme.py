@@ -201,16 +201,13 @@ def test_contract_example(redis_url: str) -> None:
     assert namespace["provider"].get_lease_owner("order:17") is None  # released at the end
 
 
-def test_sweeper_example(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sweeper_example(monkeypatch: pytest.MonkeyPatch, fake_aws_env: None) -> None:
     """The README's sweeper: built at init from the environment, one pass per invocation."""
     from leaseguard.handoff import InvokeDispatcher
 
     for name, value in {
         "LEASEGUARD_BACKEND": "memory",
         "LEASEGUARD_WORKER_FUNCTION": "thread-worker",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
     }.items():
         monkeypatch.setenv(name, value)
     namespace = run(block("sweeper_handler()"))

@@ -122,16 +122,10 @@ def test_without_a_delay_the_failed_event_runs_again_at_once(provider: BaseLease
 
 
 def test_by_sqs_the_envelope_arrives_after_the_delay(
-    provider: BaseLeaseProvider, monkeypatch: Any
+    provider: BaseLeaseProvider, fake_aws_env: None
 ) -> None:
     """With a standard SQS queue the envelope is sent with DelaySeconds (the delay rounded up
     to a second) and the grant lives the delay plus the TTL, so its receiver claims it."""
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
     calls: list[str] = []
     with mock_aws():
         sqs = boto3.client("sqs", region_name="us-east-1")

@@ -17,17 +17,10 @@ from leaseguard.testing import LambdaContext
 from tests.conftest import let_leases_expire
 
 TTL = 3_000
-AWS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 
 
 @pytest.fixture
-def fake_aws(monkeypatch: Any) -> None:
-    for name, value in AWS.items():
-        monkeypatch.setenv(name, value)
+def fake_aws(fake_aws_env: None, monkeypatch: Any) -> None:
     for name in ("LEASEGUARD_WORKER_FUNCTION", "LEASEGUARD_HANDOFF_QUEUE_URL"):
         monkeypatch.delenv(name, raising=False)
 
